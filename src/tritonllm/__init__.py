@@ -1,0 +1,1 @@
+"""tritonllm: LLM serving on Triton Inference Server."""

@@ -1,0 +1,59 @@
+"""Engine configuration, validated once at construction."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+QUANTIZATIONS = ("none", "int8_wo", "fp8")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def default_num_threads() -> int:
+    """Cores this process may run on: more threads than cores only adds contention."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class EngineConfig:
+    """How to run one model.
+
+    The KV pool is sized by `num_kv_blocks` when given, else by `kv_cache_memory_bytes`.
+    """
+
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    quantization: str = "none"
+    tokens_per_block: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int = 2 << 30
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        for name in ("tokens_per_block", "max_num_seqs", "max_num_batched_tokens", "max_waiting"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.max_model_len is not None and self.max_model_len <= 1:
+            raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
+        if self.num_threads is None:
+            self.num_threads = default_num_threads()
+        elif self.num_threads <= 0:
+            raise ValueError(f"num_threads must be positive, got {self.num_threads}")

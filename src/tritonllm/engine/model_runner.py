@@ -1,0 +1,88 @@
+"""Owns the model and the KV-cache tensors; turns a scheduled step into one forward pass and samples."""
+
+from __future__ import annotations
+
+import torch
+
+from tritonllm.engine.config import EngineConfig
+from tritonllm.engine.sampler import Sampler
+from tritonllm.engine.scheduler import ScheduledChunk, SchedulerOutput
+from tritonllm.model.llama import AttentionMetadata, PrefillSpan
+from tritonllm.model.loader import DTYPES, load_model
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        self.model = load_model(config.model, config.dtype, config.device, config.quantization)
+        self.args = self.model.args
+        self.tokens_per_block = config.tokens_per_block
+        a = self.args
+        bytes_per_block = (
+            2 * a.num_layers * config.tokens_per_block * a.num_kv_heads * a.head_dim * self.dtype.itemsize
+        )
+        self.bytes_per_block = bytes_per_block
+        self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_bytes // bytes_per_block)
+        self.kv_cache = torch.zeros(
+            a.num_layers, 2, self.num_blocks, config.tokens_per_block, a.num_kv_heads, a.head_dim,
+            dtype=self.dtype, device=self.device,
+        )
+        self.sampler = Sampler()
+
+    def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
+        """Run one step; returns (chunk, token, logprob) for each chunk that completes its sequence."""
+        if step.block_copies:
+            src, dst = (torch.tensor(x, device=self.device) for x in zip(*step.block_copies))
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        decodes = [c for c in step.chunks if c.num_tokens == 1]
+        prefills = [c for c in step.chunks if c.num_tokens > 1]
+        ordered = decodes + prefills
+        input_ids, positions, slots, logits_indices = [], [], [], []
+        spans = []
+        bs = self.tokens_per_block
+        for chunk in ordered:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            table = block_tables[seq.request_id]
+            first = len(input_ids)
+            input_ids.extend(seq.token_ids[start : start + chunk.num_tokens])
+            pos = range(start, start + chunk.num_tokens)
+            positions.extend(pos)
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            if chunk.num_tokens > 1:
+                context = start + chunk.num_tokens
+                block_ids = torch.tensor(table[: -(-context // bs)], device=self.device)
+                spans.append(PrefillSpan(first, chunk.num_tokens, context, block_ids))
+            if chunk.samples:
+                logits_indices.append(len(input_ids) - 1)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            num_decodes=len(decodes),
+            prefills=spans,
+            **self._decode_tables(decodes, block_tables),
+        )
+        logits = self.model(
+            torch.tensor(input_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            meta,
+            [(layer[0], layer[1]) for layer in self.kv_cache],
+            torch.tensor(logits_indices, dtype=torch.long, device=self.device),
+        )
+        sampling = [c for c in ordered if c.samples]
+        tokens, logprobs = self.sampler(logits, [c.seq for c in sampling])
+        return list(zip(sampling, tokens, logprobs))
+
+    def _decode_tables(self, decodes: list[ScheduledChunk], block_tables: dict[str, list[int]]) -> dict:
+        """Padded block tables and an additive mask hiding slots past each sequence's length."""
+        if not decodes:
+            empty = torch.empty(0, 1, dtype=torch.long, device=self.device)
+            return {"decode_block_tables": empty, "decode_mask": torch.empty(0, device=self.device)}
+        bs = self.tokens_per_block
+        lengths = [c.seq.num_computed_tokens + 1 for c in decodes]
+        width = -(-max(lengths) // bs)
+        tables = [block_tables[c.seq.request_id][:width] for c in decodes]
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=self.device)
+        visible = torch.arange(width * bs, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
+        return {"decode_block_tables": tables, "decode_mask": mask[:, None, None, :]}

@@ -1,0 +1,147 @@
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a paged KV cache.
+
+Tokens of all scheduled sequences are flattened into one [T, hidden] batch for every matmul;
+attention reads each sequence's keys and values through its block table. Numerics follow HF
+transformers (fp32 RMSNorm, rotate-half RoPE) so greedy output matches it token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tritonllm.model.args import ModelArgs
+
+
+@dataclass
+class PrefillSpan:
+    """One sequence's chunk in the flattened batch: queries [start, start+len) over `context_len` keys."""
+
+    start: int
+    length: int
+    context_len: int
+    block_ids: torch.Tensor
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's keys/values go and what each query attends to.
+
+    The batch holds `num_decodes` single-token decodes first, then the prefill chunks.
+    """
+
+    slot_mapping: torch.Tensor  # [T] flat cache slot of each token
+    num_decodes: int
+    decode_block_tables: torch.Tensor  # [D, max_blocks]
+    decode_mask: torch.Tensor  # [D, 1, 1, max_blocks * tokens_per_block], additive
+    prefills: list[PrefillSpan]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, linears: dict[str, nn.Module], norms: dict[str, torch.Tensor]):
+        super().__init__()
+        self.args = args
+        self.qkv_proj, self.o_proj = linears["qkv"], linears["o"]
+        self.gate_up_proj, self.down_proj = linears["gate_up"], linears["down"]
+        self.input_norm = nn.Parameter(norms["input"], requires_grad=False)
+        self.post_attention_norm = nn.Parameter(norms["post_attention"], requires_grad=False)
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.scale = args.head_dim**-0.5
+
+    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        a = self.args
+        h = rms_norm(x, self.input_norm, a.rms_norm_eps)
+        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, a.num_heads, a.head_dim)
+        k = k.view(-1, a.num_kv_heads, a.head_dim)
+        v = v.reshape(-1, a.num_kv_heads, a.head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_cache, v_cache = kv_cache  # [num_blocks, tokens_per_block, kv_heads, head_dim]
+        k_cache.view(-1, a.num_kv_heads, a.head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, a.num_kv_heads, a.head_dim).index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        if meta.num_decodes:
+            out[: meta.num_decodes] = self._decode_attention(q[: meta.num_decodes], k_cache, v_cache, meta)
+        for span in meta.prefills:
+            out[span.start : span.start + span.length] = self._prefill_attention(q, k, v, k_cache, v_cache, span)
+        x = x + self.o_proj(out.view(-1, self.q_size))
+        h = rms_norm(x, self.post_attention_norm, a.rms_norm_eps)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+    def _decode_attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """All decodes at once: gather each sequence's blocks, mask past its length."""
+        a = self.args
+        d = q.shape[0]
+        group = a.num_heads // a.num_kv_heads
+        keys = k_cache[meta.decode_block_tables].view(d, -1, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        values = v_cache[meta.decode_block_tables].view(d, -1, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        q = q.view(d, a.num_kv_heads, group, a.head_dim)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale + meta.decode_mask
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.matmul(probs, values).view(d, a.num_heads, a.head_dim)
+
+    def _prefill_attention(self, q, k, v, k_cache, v_cache, span: PrefillSpan) -> torch.Tensor:
+        """Causal attention of a chunk over its cached prefix and itself."""
+        a = self.args
+        q = q[span.start : span.start + span.length].transpose(0, 1)
+        if span.context_len == span.length:  # nothing cached before this chunk
+            keys = k[span.start : span.start + span.length].transpose(0, 1)
+            values = v[span.start : span.start + span.length].transpose(0, 1)
+            mask, causal = None, True
+        else:
+            keys = k_cache[span.block_ids].view(-1, a.num_kv_heads, a.head_dim)[: span.context_len].transpose(0, 1)
+            values = v_cache[span.block_ids].view(-1, a.num_kv_heads, a.head_dim)[: span.context_len].transpose(0, 1)
+            offset = span.context_len - span.length
+            rows = torch.arange(span.length, device=q.device)[:, None] + offset
+            mask, causal = rows >= torch.arange(span.context_len, device=q.device)[None, :], False
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
+        )
+        return out.transpose(0, 1)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, args: ModelArgs, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor,
+                 lm_head: nn.Module, inv_freq: torch.Tensor, attention_scaling: float):
+        super().__init__()
+        self.args = args
+        self.embed = nn.Parameter(embed, requires_grad=False)
+        self.layers = nn.ModuleList(layers)
+        self.norm = nn.Parameter(norm, requires_grad=False)
+        self.lm_head = lm_head
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.attention_scaling = attention_scaling
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, 1, head_dim], computed as HF does (fp32 product, then cast)."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        return cos[:, None, :], sin[:, None, :]
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
+        """Logits [S, vocab] in fp32 for the tokens at `logits_indices`."""
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope(positions, x.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, kv_cache, meta)
+        x = rms_norm(x[logits_indices], self.norm, self.args.rms_norm_eps)
+        return self.lm_head(x).float()

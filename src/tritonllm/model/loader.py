@@ -1,0 +1,91 @@
+"""Build a `LlamaModel` from a HF checkpoint directory (config.json + *.safetensors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from tritonllm.model.args import ModelArgs, UnsupportedModelError
+from tritonllm.model.llama import DecoderLayer, LlamaModel
+from tritonllm.model.quant import make_linear
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def read_model_args(path: str | Path) -> ModelArgs:
+    """Hyper-parameters, with EOS ids from generation_config.json when it has them."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UnsupportedModelError(f"{path} has no config.json: not a HF checkpoint directory")
+    config = json.loads((path / "config.json").read_text())
+    gen_path = path / "generation_config.json"
+    if gen_path.is_file():
+        eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        if eos is not None:
+            config = {**config, "eos_token_id": eos}
+    return ModelArgs.from_hf_config(config)
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModelError(f"{path} has no *.safetensors weights")
+    tensors = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu", quantization: str = "none") -> LlamaModel:
+    path = Path(path)
+    args = read_model_args(path)
+    tensors = _load_tensors(path)
+    torch_dtype = DTYPES[dtype]
+
+    def take(name: str, required: bool = True) -> torch.Tensor | None:
+        if name not in tensors:
+            if required:
+                raise UnsupportedModelError(f"checkpoint is missing tensor {name!r}")
+            return None
+        return tensors.pop(name).to(device=device, dtype=torch_dtype)
+
+    def cat(*names: str, required: bool = True) -> torch.Tensor | None:
+        parts = [take(n, required) for n in names]
+        return None if any(p is None for p in parts) else torch.cat(parts, dim=0)
+
+    layers = []
+    for i in range(args.num_layers):
+        p = f"model.layers.{i}."
+        attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
+        mlp = [p + f"mlp.{n}_proj" for n in ("gate", "up")]
+        linears = {
+            "qkv": make_linear(cat(*(n + ".weight" for n in attn)),
+                               cat(*(n + ".bias" for n in attn), required=args.qkv_bias), quantization),
+            "o": make_linear(take(p + "self_attn.o_proj.weight"), take(p + "self_attn.o_proj.bias", args.o_bias),
+                             quantization),
+            "gate_up": make_linear(cat(*(n + ".weight" for n in mlp)),
+                                   cat(*(n + ".bias" for n in mlp), required=args.mlp_bias), quantization),
+            "down": make_linear(take(p + "mlp.down_proj.weight"), take(p + "mlp.down_proj.bias", args.mlp_bias),
+                                quantization),
+        }
+        norms = {"input": take(p + "input_layernorm.weight"), "post_attention": take(p + "post_attention_layernorm.weight")}
+        layers.append(DecoderLayer(args, linears, norms))
+    embed = take("model.embed_tokens.weight")
+    lm_weight = embed if args.tie_word_embeddings else take("lm_head.weight", required=False)
+    if lm_weight is None:  # some checkpoints tie without saying so
+        lm_weight = embed
+    lm_head = make_linear(lm_weight, None, quantization)
+    hf_config = AutoConfig.from_pretrained(path)
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[args.rope_type](hf_config, device)
+    model = LlamaModel(args, embed, layers, take("model.norm.weight"), lm_head, inv_freq, attention_scaling)
+    leftover = [n for n in tensors if not n.endswith("rotary_emb.inv_freq")]
+    if leftover:
+        raise UnsupportedModelError(f"checkpoint has tensors the engine does not use: {leftover[:5]}")
+    return model.eval()
