@@ -88,6 +88,18 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
+        self.validate(prompt_token_ids, params)
+        if params.ignore_eos:
+            end_ids = frozenset()
+        else:
+            end_ids = frozenset([params.end_id]) if params.end_id is not None else self.eos_ids
+        seq = Sequence(request_id, prompt_token_ids, params, priority, end_ids)
+        self.scheduler.add(seq)
+        self._requests[request_id] = seq
+
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Check a request against the model's limits; pure, so any thread may call it."""
         if not prompt_token_ids:
             raise InvalidRequestError("input_ids", "the prompt is empty")
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
@@ -106,13 +118,6 @@ class LLMEngine:
         for stop in params.stop_token_ids:
             if any(not 0 <= t < self.vocab_size for t in stop):
                 raise InvalidRequestError("stop_token_ids", f"token ids {stop} are outside the vocabulary")
-        if params.ignore_eos:
-            end_ids = frozenset()
-        else:
-            end_ids = frozenset([params.end_id]) if params.end_id is not None else self.eos_ids
-        seq = Sequence(request_id, prompt_token_ids, params, priority, end_ids)
-        self.scheduler.add(seq)
-        self._requests[request_id] = seq
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """End a request now, wherever it is; its blocks are back in the pool when this returns."""
