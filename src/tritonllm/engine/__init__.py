@@ -7,6 +7,14 @@ from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
 
 __all__ = [
-    "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineError", "EngineStats", "FinishReason",
-    "InvalidRequestError", "LLMEngine", "RequestOutput", "SamplingParams",
+    "EngineBusyError",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineError",
+    "EngineStats",
+    "FinishReason",
+    "InvalidRequestError",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
 ]

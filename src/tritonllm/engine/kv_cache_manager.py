@@ -63,12 +63,13 @@ class KVCacheManager:
         num_tokens = min(len(block_ids) * self.tokens_per_block, len(seq) - 1)
         return PrefixHit(tuple(block_ids), num_tokens)
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit = PrefixHit()) -> list | None:
+    def allocate(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit | None = None) -> list | None:
         """Make room for `num_new_tokens` more tokens after the computed ones.
 
         Returns the (source, destination) block copies to run before the forward pass, or None when
         the pool can't hold them (nothing is changed then).
         """
+        hit = hit or PrefixHit()
         rid = seq.request_id
         table = self._tables.get(rid, [])
         if hit.block_ids:

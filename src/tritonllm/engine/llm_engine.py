@@ -72,7 +72,9 @@ class LLMEngine:
                 f"max_position_embeddings={args.max_position_embeddings}, KV capacity={capacity} tokens)"
             )
         self.max_model_len = config.max_model_len or limit
-        self.kv = KVCacheManager(self.runner.num_blocks, config.tokens_per_block, config.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            self.runner.num_blocks, config.tokens_per_block, config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting
         )
@@ -82,7 +84,11 @@ class LLMEngine:
         self._finished: dict[str, int] = {}
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None, priority: int = 0
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue a request; raises InvalidRequestError (naming the field) or EngineBusyError."""
         params = params or SamplingParams()
@@ -97,17 +103,19 @@ class LLMEngine:
         self.scheduler.add(seq)
         self._requests[request_id] = seq
 
-
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Check a request against the model's limits; pure, so any thread may call it."""
         if not prompt_token_ids:
             raise InvalidRequestError("input_ids", "the prompt is empty")
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequestError("input_ids", f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            raise InvalidRequestError(
+                "input_ids", f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
         if len(prompt_token_ids) >= self.max_model_len:
             raise InvalidRequestError(
-                "input_ids", f"prompt has {len(prompt_token_ids)} tokens; the limit is {self.max_model_len - 1}"
+                "input_ids",
+                f"prompt has {len(prompt_token_ids)} tokens; the limit is {self.max_model_len - 1}",
             )
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise InvalidRequestError(
@@ -143,7 +151,9 @@ class LLMEngine:
             return [self._fail(c.seq, f"engine step failed: {exc}") for c in plan.chunks]
         now = time.time_ns()
         for chunk in plan.chunks:
-            self._prompt_tokens += max(0, min(chunk.num_tokens, chunk.seq.num_prompt_tokens - chunk.seq.num_computed_tokens))
+            self._prompt_tokens += max(
+                0, min(chunk.num_tokens, chunk.seq.num_prompt_tokens - chunk.seq.num_computed_tokens)
+            )
             self.scheduler.advance(chunk)
         outputs = []
         for chunk, token, logprob in sampled:
@@ -217,7 +227,7 @@ class LLMEngine:
         """Offline helper: run prompts to completion, return their output token ids in order."""
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, params_list):
+        for rid, prompt, p in zip(ids, prompts, params_list, strict=False):
             self.add_request(rid, prompt, p)
         results: dict[str, list[int]] = {rid: [] for rid in ids}
         while any(rid in self._requests for rid in ids):

@@ -26,15 +26,21 @@ class ModelRunner:
         self.bytes_per_block = bytes_per_block
         self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_bytes // bytes_per_block)
         self.kv_cache = torch.zeros(
-            a.num_layers, 2, self.num_blocks, config.tokens_per_block, a.num_kv_heads, a.head_dim,
-            dtype=self.dtype, device=self.device,
+            a.num_layers,
+            2,
+            self.num_blocks,
+            config.tokens_per_block,
+            a.num_kv_heads,
+            a.head_dim,
+            dtype=self.dtype,
+            device=self.device,
         )
         self.sampler = Sampler()
 
     def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
         """Run one step; returns (chunk, token, logprob) for each chunk that completes its sequence."""
         if step.block_copies:
-            src, dst = (torch.tensor(x, device=self.device) for x in zip(*step.block_copies))
+            src, dst = (torch.tensor(x, device=self.device) for x in zip(*step.block_copies, strict=False))
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         decodes = [c for c in step.chunks if c.num_tokens == 1]
         prefills = [c for c in step.chunks if c.num_tokens > 1]
@@ -71,7 +77,7 @@ class ModelRunner:
         )
         sampling = [c for c in ordered if c.samples]
         tokens, logprobs = self.sampler(logits, [c.seq for c in sampling])
-        return list(zip(sampling, tokens, logprobs))
+        return list(zip(sampling, tokens, logprobs, strict=False))
 
     def _decode_tables(self, decodes: list[ScheduledChunk], block_tables: dict[str, list[int]]) -> dict:
         """Padded block tables and an additive mask hiding slots past each sequence's length."""
@@ -83,6 +89,11 @@ class ModelRunner:
         width = -(-max(lengths) // bs)
         tables = [block_tables[c.seq.request_id][:width] for c in decodes]
         tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=self.device)
-        visible = torch.arange(width * bs, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
+        visible = (
+            torch.arange(width * bs, device=self.device)[None, :]
+            < torch.tensor(lengths, device=self.device)[:, None]
+        )
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
+            ~visible, float("-inf")
+        )
         return {"decode_block_tables": tables, "decode_mask": mask[:, None, None, :]}

@@ -12,7 +12,8 @@ from tritonllm.engine.sequence import Sequence
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
-    """In place on one row: HF's repetition penalty over all tokens, OpenAI's presence/frequency over output."""
+    """In place on one row: HF's repetition penalty over all tokens, OpenAI's presence and frequency
+    penalties over the output tokens."""
     p = seq.params
     if p.repetition_penalty != 1.0:
         ids = torch.tensor(sorted(set(seq.token_ids)), device=logits.device)
@@ -44,7 +45,8 @@ class Sampler:
         want_logprobs = [s.params.logprobs for s in seqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
         needs_edit = [
-            i for i, s in enumerate(seqs)
+            i
+            for i, s in enumerate(seqs)
             if s.params.uses_penalties or (s.num_output_tokens < s.params.min_tokens and s.blocked_ids)
         ]
         if needs_edit:
@@ -66,6 +68,6 @@ class Sampler:
             tokens[i] = int(torch.multinomial(row.softmax(-1), 1, generator=seq.generator).item())
         logprobs: list[float | None] = [
             float(raw_logprobs[i, t]) if want else None
-            for i, (t, want) in enumerate(zip(tokens, want_logprobs))
+            for i, (t, want) in enumerate(zip(tokens, want_logprobs, strict=False))
         ]
         return tokens, logprobs

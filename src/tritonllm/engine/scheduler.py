@@ -42,9 +42,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int
-    ):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -78,7 +78,9 @@ class DecoderLayer(nn.Module):
         if meta.num_decodes:
             out[: meta.num_decodes] = self._decode_attention(q[: meta.num_decodes], k_cache, v_cache, meta)
         for span in meta.prefills:
-            out[span.start : span.start + span.length] = self._prefill_attention(q, k, v, k_cache, v_cache, span)
+            out[span.start : span.start + span.length] = self._prefill_attention(
+                q, k, v, k_cache, v_cache, span
+            )
         x = x + self.o_proj(out.view(-1, self.q_size))
         h = rms_norm(x, self.post_attention_norm, a.rms_norm_eps)
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
@@ -105,8 +107,16 @@ class DecoderLayer(nn.Module):
             values = v[span.start : span.start + span.length].transpose(0, 1)
             mask, causal = None, True
         else:
-            keys = k_cache[span.block_ids].view(-1, a.num_kv_heads, a.head_dim)[: span.context_len].transpose(0, 1)
-            values = v_cache[span.block_ids].view(-1, a.num_kv_heads, a.head_dim)[: span.context_len].transpose(0, 1)
+            keys = (
+                k_cache[span.block_ids]
+                .view(-1, a.num_kv_heads, a.head_dim)[: span.context_len]
+                .transpose(0, 1)
+            )
+            values = (
+                v_cache[span.block_ids]
+                .view(-1, a.num_kv_heads, a.head_dim)[: span.context_len]
+                .transpose(0, 1)
+            )
             offset = span.context_len - span.length
             rows = torch.arange(span.length, device=q.device)[:, None] + offset
             mask, causal = rows >= torch.arange(span.context_len, device=q.device)[None, :], False
@@ -117,8 +127,16 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: ModelArgs, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor,
-                 lm_head: nn.Module, inv_freq: torch.Tensor, attention_scaling: float):
+    def __init__(
+        self,
+        args: ModelArgs,
+        embed: torch.Tensor,
+        layers: list[DecoderLayer],
+        norm: torch.Tensor,
+        lm_head: nn.Module,
+        inv_freq: torch.Tensor,
+        attention_scaling: float,
+    ):
         super().__init__()
         self.args = args
         self.embed = nn.Parameter(embed, requires_grad=False)
@@ -137,11 +155,13 @@ class LlamaModel(nn.Module):
         return cos[:, None, :], sin[:, None, :]
 
     @torch.inference_mode()
-    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
+    def forward(
+        self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices
+    ) -> torch.Tensor:
         """Logits [S, vocab] in fp32 for the tokens at `logits_indices`."""
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.rope(positions, x.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
             x = layer(x, cos, sin, kv_cache, meta)
         x = rms_norm(x[logits_indices], self.norm, self.args.rms_norm_eps)
         return self.lm_head(x).float()

