@@ -1,0 +1,77 @@
+"""Helpers shared by the engine tests: prompts and HF transformers reference outputs."""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
+
+
+def random_prompts(n: int, vocab: int, seed: int, min_len: int = 1, max_len: int = 60) -> list[list[int]]:
+    """Prompts of mixed lengths; every third one shares a prefix with an earlier one."""
+    rng = random.Random(seed)
+    prompts: list[list[int]] = []
+    for i in range(n):
+        length = rng.randint(min_len, max_len)
+        if i % 3 == 2 and prompts:
+            base = rng.choice(prompts)
+            prompts.append(base + [rng.randrange(3, vocab) for _ in range(max(1, length // 4))])
+        else:
+            prompts.append([rng.randrange(3, vocab) for _ in range(length)])
+    return prompts
+
+
+@lru_cache(maxsize=8)
+def _hf_model(path: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """HF transformers greedy `generate()` for one prompt, EOS ignored (memoised across tests)."""
+    return list(_hf_greedy(str(path), tuple(prompt), max_new_tokens))
+
+
+@lru_cache(maxsize=1024)
+def _hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
+    model = _hf_model(path)
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,  # generate through EOS, like the engine's ignore_eos
+            pad_token_id=0,
+        )
+    return tuple(out[0, len(prompt) :].tolist())
+
+
+def greedy(max_tokens: int, **kwargs) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
+
+
+def make_engine(path: Path, **overrides) -> LLMEngine:
+    config = {"model": str(path), "tokens_per_block": 4, "num_kv_blocks": 256, "num_threads": 1}
+    return LLMEngine(EngineConfig(**{**config, **overrides}))
+
+
+def run_staggered(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
+                  arrivals: list[int]) -> list[list[int]]:
+    """Add request i before step `arrivals[i]`, run to completion, return output tokens per request."""
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    pending = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    step = 0
+    while pending or engine.has_unfinished():
+        while pending and arrivals[pending[0]] <= step:
+            i = pending.pop(0)
+            engine.add_request(str(i), prompts[i], params[i])
+        for out in engine.step():
+            outputs[out.request_id].extend(out.new_token_ids)
+        step += 1
+        assert step < 10_000, "engine made no progress"
+    return [outputs[str(i)] for i in range(len(prompts))]
