@@ -60,8 +60,9 @@ def make_engine(path: Path, **overrides) -> LLMEngine:
     return LLMEngine(EngineConfig(**{**config, **overrides}))
 
 
-def run_staggered(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
-                  arrivals: list[int]) -> list[list[int]]:
+def run_staggered(
+    engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], arrivals: list[int]
+) -> list[list[int]]:
     """Add request i before step `arrivals[i]`, run to completion, return output tokens per request."""
     outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     pending = sorted(range(len(prompts)), key=lambda i: arrivals[i])

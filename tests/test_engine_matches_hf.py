@@ -30,7 +30,7 @@ def model_dir(request: pytest.FixtureRequest) -> Path:
 def references(model_dir: Path) -> tuple[list[list[int]], list[int], list[list[int]]]:
     prompts = random_prompts(NUM_PROMPTS, vocab=512, seed=7)
     lengths = [random.Random(i).randint(1, MAX_NEW) for i in range(NUM_PROMPTS)]
-    return prompts, lengths, [hf_greedy(model_dir, p, n) for p, n in zip(prompts, lengths)]
+    return prompts, lengths, [hf_greedy(model_dir, p, n) for p, n in zip(prompts, lengths, strict=False)]
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -81,6 +81,6 @@ def test_smollm2_matches_hf(smollm2_dir: Path) -> None:
     prompts = [tokenizer(t)["input_ids"] for t in texts]
     engine = make_engine(smollm2_dir, tokens_per_block=16, num_kv_blocks=64, max_num_batched_tokens=16)
     got = run_staggered(engine, prompts, [greedy(16)] * len(prompts), [0, 0, 1, 2, 5])
-    for text, prompt, tokens in zip(texts, prompts, got):
+    for text, prompt, tokens in zip(texts, prompts, got, strict=False):
         assert tokens == hf_greedy(smollm2_dir, prompt, 16), text
     assert tokenizer.decode(got[0]).startswith(" Paris")

@@ -1,0 +1,125 @@
+"""The engine's request API: validation, busy rejection, priorities, cancellation, statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_helpers import greedy, hf_greedy, make_engine
+
+from tritonllm.engine import EngineBusyError, EngineConfig, FinishReason, InvalidRequestError
+
+PROMPT = list(range(50, 70))
+
+
+@pytest.mark.parametrize(
+    ("field", "prompt", "max_tokens"),
+    [
+        ("input_ids", [], 4),
+        ("input_ids", [5, 512, 6], 4),  # vocabulary is 512
+        ("input_ids", [5, -1], 4),
+        ("input_ids", [7] * 64, 4),  # limit below is 64
+        ("max_tokens", [7] * 60, 5),
+    ],
+)
+def test_bad_requests_name_the_field(
+    tiny_llama_dir: Path, field: str, prompt: list[int], max_tokens: int
+) -> None:
+    engine = make_engine(tiny_llama_dir, max_model_len=64)
+    with pytest.raises(InvalidRequestError, match=field):
+        engine.add_request("bad", prompt, greedy(max_tokens))
+    assert engine.generate([PROMPT], greedy(3))[0] == hf_greedy(tiny_llama_dir, PROMPT, 3), (
+        "engine still works"
+    )
+
+
+def test_duplicate_request_id_and_unknown_stop_ids(tiny_llama_dir: Path) -> None:
+    engine = make_engine(tiny_llama_dir)
+    engine.add_request("x", PROMPT, greedy(3))
+    with pytest.raises(InvalidRequestError, match="request_id"):
+        engine.add_request("x", PROMPT, greedy(3))
+    with pytest.raises(InvalidRequestError, match="stop_token_ids"):
+        engine.add_request("y", PROMPT, greedy(3, stop_token_ids=[[1, 100_000]]))
+
+
+def test_impossible_limits_are_refused(tiny_llama_dir: Path) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        make_engine(tiny_llama_dir, num_kv_blocks=4, max_model_len=64)  # 4 blocks of 4 hold 16 tokens
+    with pytest.raises(ValueError, match="tokens_per_block"):
+        EngineConfig(model=str(tiny_llama_dir), tokens_per_block=0)
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(model=str(tiny_llama_dir), quantization="int3")
+
+
+def test_full_waiting_queue_rejects_with_busy(tiny_llama_dir: Path) -> None:
+    engine = make_engine(tiny_llama_dir, max_waiting=3)
+    for i in range(3):
+        engine.add_request(str(i), PROMPT, greedy(2))
+    with pytest.raises(EngineBusyError, match="busy"):
+        engine.add_request("over", PROMPT, greedy(2))
+    engine.step()  # admits the waiting requests: room again
+    engine.add_request("later", PROMPT, greedy(2))
+
+
+def test_priority_orders_admission(tiny_llama_dir: Path) -> None:
+    engine = make_engine(tiny_llama_dir, max_num_seqs=1)
+    engine.add_request("low", PROMPT, greedy(2), priority=5)
+    engine.add_request("high", PROMPT[:10], greedy(2), priority=0)
+    engine.add_request("mid", PROMPT[:12], greedy(2), priority=1)
+    order = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id not in order:
+                order.append(out.request_id)
+    assert order == ["high", "mid", "low"]
+
+
+def test_preemption_takes_lowest_priority_newest(tiny_llama_dir: Path) -> None:
+    # 12 blocks of 4 tokens: three 12-token prompts fill 9 blocks; decoding soon needs more.
+    engine = make_engine(tiny_llama_dir, num_kv_blocks=12, max_model_len=48)
+    for rid, priority in (("a", 0), ("b", 2), ("c", 2)):
+        engine.add_request(rid, list(range(100 + priority, 112 + priority)), greedy(20), priority=priority)
+    preempted_first = None
+    while engine.has_unfinished():
+        engine.step()
+        if preempted_first is None and engine.scheduler.num_preemptions:
+            preempted_first = next(s.request_id for s in engine._requests.values() if s.num_preemptions)
+    assert preempted_first == "c"
+    assert engine.stats().kv_blocks_used == 0
+
+
+@pytest.mark.parametrize("stage", ["waiting", "prefilling", "decoding"])
+def test_abort_frees_blocks_at_any_stage(tiny_llama_dir: Path, stage: str) -> None:
+    engine = make_engine(tiny_llama_dir, max_num_batched_tokens=8, max_num_seqs=1)
+    if stage == "waiting":
+        engine.add_request("keep", PROMPT, greedy(30))  # holds the only running slot
+    engine.add_request("victim", list(range(200, 230)), greedy(30))
+    for _ in range({"waiting": 1, "prefilling": 1, "decoding": 6}[stage]):
+        engine.step()
+    victim = engine._requests["victim"]
+    assert victim.status.value == ("waiting" if stage == "waiting" else "running")
+    if stage == "prefilling":
+        assert 0 < victim.num_computed_tokens < victim.num_prompt_tokens
+    if stage == "decoding":
+        assert victim.num_output_tokens > 0
+    final = engine.abort("victim")
+    assert final.finished and final.finish_reason is FinishReason.ABORT
+    assert engine.kv.block_table("victim") == []
+    engine.abort("keep")
+    assert engine.stats().kv_blocks_used == 0 and not engine.has_unfinished()
+    assert engine.abort("victim") is None, "a second abort is a no-op"
+
+
+def test_stats_track_work(tiny_llama_dir: Path) -> None:
+    engine = make_engine(tiny_llama_dir)
+    engine.add_request("a", PROMPT, greedy(5))
+    engine.add_request("b", PROMPT + [9], greedy(5))
+    engine.step()
+    mid = engine.stats()
+    assert mid.num_running == 2 and mid.kv_blocks_used > 0 and 0 < mid.kv_usage < 1
+    while engine.has_unfinished():
+        engine.step()
+    end = engine.stats()
+    assert end.generated_tokens == 10 and end.finished == {"length": 2}
+    assert end.prompt_tokens + end.prefix_hit_tokens >= 2 * len(PROMPT)
+    assert end.kv_blocks_used == 0 and end.kv_blocks_free == end.kv_blocks_total
