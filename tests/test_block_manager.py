@@ -85,6 +85,24 @@ def test_duplicate_content_stays_private():
     pool.check_invariants()
 
 
+def test_unheld_full_prompt_hit_takes_the_last_block_over_in_place():
+    """A whole-prompt hit needs no more blocks than a miss, so a request filling the pool still fits."""
+    kv = KVCacheManager(num_blocks=2, tokens_per_block=2)
+    first = make_seq([1, 2, 3, 4])
+    kv.allocate(first, 4, kv.find_prefix_hit(first))
+    first.num_computed_tokens = 4
+    kv.cache_full_blocks(first, 4)
+    table = kv.block_table(first.request_id)
+    kv.free(first.request_id)
+    second = make_seq([1, 2, 3, 4])
+    hit = kv.find_prefix_hit(second)
+    assert kv.allocate(second, 1, hit) == []
+    assert kv.block_table(second.request_id) == table
+    assert kv.pool.is_cached(table[0]) and not kv.pool.is_cached(table[1])
+    kv.free(second.request_id)
+    assert kv.num_free_blocks == 2
+
+
 def test_full_prompt_hit_copies_the_last_block():
     kv = KVCacheManager(num_blocks=6, tokens_per_block=2)
     first = make_seq([1, 2, 3, 4])
@@ -141,7 +159,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         num_blocks=st.integers(4, 24),
         tokens_per_block=st.integers(2, 4),
         prefix_caching=st.sampled_from([True, True, True, False]),
-        prompts=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10), min_size=1, max_size=4),
+        prompts=st.lists(
+            st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10), min_size=1, max_size=4
+        ),
     )
     def setup(self, num_blocks, tokens_per_block, prefix_caching, prompts):
         self.kv = KVCacheManager(num_blocks, tokens_per_block, prefix_caching)
@@ -187,7 +207,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert hit.num_tokens == min(len(hit.block_ids) * bs, len(seq) - 1)
         assert hit.num_tokens % bs == 0 or hit.num_tokens == len(seq) - 1
         assert len(set(hit.block_ids)) == len(hit.block_ids)
-        event("prefix hit: " + ("none" if not hit.block_ids else "whole" if hit.num_tokens == len(seq) - 1 else "part"))
+        event(
+            "prefix hit: "
+            + ("none" if not hit.block_ids else "whole" if hit.num_tokens == len(seq) - 1 else "part")
+        )
         for j, block in enumerate(hit.block_ids):
             assert self.kv.pool.is_cached(block)
             for s in range(bs):
@@ -218,8 +241,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         table = kv.block_table(rid)
         assert len(table) == kv.num_blocks_needed(end)
         write_blocks = range(start // bs, kv.num_blocks_needed(end))
+        # A hit block is copied if anyone holds it; one nobody holds is taken over in place.
+        num_hit = len(hit.block_ids) if has_hit else 0
         must_copy = {
-            i for i in write_blocks if i < len(old_table) and (cached[old_table[i]] or refs[old_table[i]] > 1)
+            i for i in write_blocks if i < len(old_table) and refs[old_table[i]] > (0 if i < num_hit else 1)
         }
         copied = set()
         for src, dst in copies:
@@ -229,7 +254,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert table[i] == dst
             copied.add(i)
             self.content[dst] = list(self.content[src])
-        assert copied == must_copy, "a shared or cached block about to be written was not copied"
+        assert copied == must_copy, "a block someone else holds was about to be written without a copy"
         for i, block in enumerate(table):
             if i < len(old_table) and i not in copied:
                 assert block == old_table[i]
@@ -259,7 +284,7 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @rule(
         data=st.data(),
-        tail=st.lists(st.integers(0, VOCAB - 1), max_size=8),
+        tail=st.one_of(st.just([]), st.lists(st.integers(0, VOCAB - 1), max_size=8)),
         chunk=st.integers(1, 8),
     )
     def add_request(self, data, tail, chunk):
@@ -292,7 +317,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         seq.num_computed_tokens += self.pending[rid]
         self.pending[rid] = 0
         self.kv.cache_full_blocks(seq, seq.num_computed_tokens)
-        self.history.append(seq.token_ids[: seq.num_computed_tokens])
+        self.history.append(seq.token_ids[: seq.num_computed_tokens // bs * bs])
         if self.kv.enable_prefix_caching:
             # Just registered, nothing evicted since: the computed full blocks must all be found.
             probe = make_seq(seq.token_ids[: seq.num_computed_tokens] + [0], prefix="probe")
@@ -314,23 +339,17 @@ class KVCacheMachine(RuleBasedStateMachine):
         if self._allocate(seq, num_tokens) is not None:
             self.pending[seq.request_id] = num_tokens
 
-    @rule(selector=st.integers(0, 1000))
-    def finish(self, selector):
+    @rule(selector=st.integers(0, 1000), preempt=st.booleans())
+    def free(self, selector, preempt):
+        """Finish a request, or preempt it: it goes back to waiting and is recomputed from scratch."""
         if not self.live:
             return
         seq = self._pick(self.live, selector)
         self.kv.free(seq.request_id)
         del self.live[seq.request_id], self.pending[seq.request_id]
-
-    @rule(selector=st.integers(0, 1000))
-    def preempt(self, selector):
-        if not self.live:
-            return
-        seq = self._pick(self.live, selector)
-        self.kv.free(seq.request_id)
-        seq.num_computed_tokens = 0
-        del self.live[seq.request_id], self.pending[seq.request_id]
-        self.waiting[seq.request_id] = seq
+        if preempt:
+            seq.num_computed_tokens = 0
+            self.waiting[seq.request_id] = seq
 
     # -- invariants ------------------------------------------------------------------------------------
 
@@ -345,7 +364,9 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert len(set(table)) == len(table)
         for block in range(self.num_blocks):
             holders = sum(block in table for table in tables.values())
-            assert pool.ref_count(block) == holders, f"block {block}: ref {pool.ref_count(block)} != {holders}"
+            assert pool.ref_count(block) == holders, (
+                f"block {block}: ref {pool.ref_count(block)} != {holders}"
+            )
         used = set().union(*tables.values()) if tables else set()
         assert pool.num_free == self.num_blocks - len(used)
 

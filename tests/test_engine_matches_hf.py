@@ -54,14 +54,15 @@ def test_full_prompt_hit_copies_on_write(tiny_llama_dir: Path) -> None:
     prompt = list(range(10, 26))  # 4 full blocks of 4
     engine = make_engine(tiny_llama_dir)
     first = engine.generate([prompt], greedy(6))[0]
+    engine.add_request("other", prompt + [3], greedy(6))  # holds all four blocks while "again" writes
     engine.add_request("again", prompt, greedy(6))
-    engine.add_request("other", prompt + [3], greedy(6))  # shares all four blocks while "again" writes
     outputs: dict[str, list[int]] = {"again": [], "other": []}
     while engine.has_unfinished():
         for out in engine.step():
             outputs[out.request_id] += out.new_token_ids
     assert outputs["again"] == first == hf_greedy(tiny_llama_dir, prompt, 6)
     assert outputs["other"] == hf_greedy(tiny_llama_dir, prompt + [3], 6)
+    assert engine.kv.num_copied_blocks == 1
     assert engine.stats().prefix_hit_tokens >= 15 + 16
     assert engine.stats().kv_blocks_used == 0
 

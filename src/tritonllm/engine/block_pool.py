@@ -63,6 +63,10 @@ class BlockPool:
         self._cached[key] = block_id
         self._hash_of[block_id] = key
 
+    def uncache(self, block_id: int) -> None:
+        """Make a block private again (its owner is about to overwrite it)."""
+        self._uncache(block_id)
+
     def _uncache(self, block_id: int) -> None:
         key = self._hash_of[block_id]
         if key is not None:

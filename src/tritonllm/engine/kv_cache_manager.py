@@ -30,6 +30,7 @@ class KVCacheManager:
         self._block_keys: dict[str, list[Hashable]] = {}
         self.prefix_hit_tokens = 0
         self.prefix_queried_tokens = 0
+        self.num_copied_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -78,12 +79,11 @@ class KVCacheManager:
         start = seq.num_computed_tokens if not hit.block_ids else hit.num_tokens
         end = start + num_new_tokens
         bs = self.tokens_per_block
-        # Blocks about to be written that others hold or may hit must be copied first.
-        shared = [
-            i
-            for i in range(start // bs, min(len(table), self.num_blocks_needed(end)))
-            if self.pool.is_cached(table[i]) or self.pool.ref_count(table[i]) > 1
-        ]
+        # A cached block about to be written is copied first if anyone else holds it; if nobody
+        # does, it is taken over in place (a whole-prompt hit must not need more blocks than a miss).
+        written = range(start // bs, min(len(table), self.num_blocks_needed(end)))
+        shared = [i for i in written if self.pool.ref_count(table[i]) > (0 if i < len(hit.block_ids) else 1)]
+        taken = [i for i in written if i not in shared and self.pool.is_cached(table[i])]
         num_new_blocks = max(0, self.num_blocks_needed(end) - len(table))
         revived = sum(self.pool.ref_count(b) == 0 for b in hit.block_ids)
         if num_new_blocks + len(shared) > self.pool.num_free - revived:
@@ -93,10 +93,13 @@ class KVCacheManager:
             self.prefix_hit_tokens += hit.num_tokens
         for block_id in hit.block_ids:
             self.pool.touch(block_id)
+        for i in taken:
+            self.pool.uncache(table[i])
         copies = []
         for i in shared:
             new_block = self.pool.allocate()
             copies.append((table[i], new_block))
+            self.num_copied_blocks += 1
             self.pool.release(table[i])
             table[i] = new_block
         table.extend(self.pool.allocate() for _ in range(num_new_blocks))

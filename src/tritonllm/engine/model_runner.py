@@ -28,9 +28,9 @@ class ModelRunner:
         self.kv_cache = torch.zeros(
             a.num_layers,
             2,
+            a.num_kv_heads,  # head-major, so a gather of blocks is contiguous per head
             self.num_blocks,
             config.tokens_per_block,
-            a.num_kv_heads,
             a.head_dim,
             dtype=self.dtype,
             device=self.device,
@@ -41,7 +41,7 @@ class ModelRunner:
         """Run one step; returns (chunk, token, logprob) for each chunk that completes its sequence."""
         if step.block_copies:
             src, dst = (torch.tensor(x, device=self.device) for x in zip(*step.block_copies, strict=False))
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            self.kv_cache[:, :, :, dst] = self.kv_cache[:, :, :, src]
         decodes = [c for c in step.chunks if c.num_tokens == 1]
         prefills = [c for c in step.chunks if c.num_tokens > 1]
         ordered = decodes + prefills
@@ -96,4 +96,4 @@ class ModelRunner:
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
             ~visible, float("-inf")
         )
-        return {"decode_block_tables": tables, "decode_mask": mask[:, None, None, :]}
+        return {"decode_block_tables": tables, "decode_mask": mask[:, None, :]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import secrets
 import time
 
 import torch
@@ -60,7 +61,7 @@ class Sequence:
         # Tokens that end the request; masked while fewer than min_tokens were generated.
         self.end_ids = end_ids
         self.blocked_ids = end_ids | {stop[0] for stop in params.stop_token_ids if len(stop) == 1}
-        self.seed = params.seed if params.seed is not None else torch.seed()
+        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.generator: torch.Generator | None = None  # made by the sampler on the logits' device
 
     def __len__(self) -> int:

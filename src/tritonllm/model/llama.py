@@ -36,7 +36,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat cache slot of each token
     num_decodes: int
     decode_block_tables: torch.Tensor  # [D, max_blocks]
-    decode_mask: torch.Tensor  # [D, 1, 1, max_blocks * tokens_per_block], additive
+    decode_mask: torch.Tensor  # [D, 1, max_blocks * tokens_per_block], additive
     prefills: list[PrefillSpan]
 
 
@@ -71,9 +71,9 @@ class DecoderLayer(nn.Module):
         v = v.reshape(-1, a.num_kv_heads, a.head_dim)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k_cache, v_cache = kv_cache  # [num_blocks, tokens_per_block, kv_heads, head_dim]
-        k_cache.view(-1, a.num_kv_heads, a.head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, a.num_kv_heads, a.head_dim).index_copy_(0, meta.slot_mapping, v)
+        k_cache, v_cache = kv_cache  # [kv_heads, num_blocks, tokens_per_block, head_dim]
+        k_cache.view(a.num_kv_heads, -1, a.head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        v_cache.view(a.num_kv_heads, -1, a.head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
         if meta.num_decodes:
             out[: meta.num_decodes] = self._decode_attention(q[: meta.num_decodes], k_cache, v_cache, meta)
@@ -87,36 +87,30 @@ class DecoderLayer(nn.Module):
         return x + self.down_proj(F.silu(gate) * up)
 
     def _decode_attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """All decodes at once: gather each sequence's blocks, mask past its length."""
+        """All decodes at once: one gather of their blocks per head, masked past each length.
+
+        The cache's head-major layout makes the gathered keys [kv_heads, D, L, head_dim] contiguous,
+        so the two batched matmuls read them in place.
+        """
         a = self.args
         d = q.shape[0]
-        group = a.num_heads // a.num_kv_heads
-        keys = k_cache[meta.decode_block_tables].view(d, -1, a.num_kv_heads, a.head_dim).transpose(1, 2)
-        values = v_cache[meta.decode_block_tables].view(d, -1, a.num_kv_heads, a.head_dim).transpose(1, 2)
-        q = q.view(d, a.num_kv_heads, group, a.head_dim)
+        keys = gather_blocks(k_cache, meta.decode_block_tables)
+        values = gather_blocks(v_cache, meta.decode_block_tables)
+        q = q.view(d, a.num_kv_heads, -1, a.head_dim).transpose(0, 1)  # [kv_heads, D, group, head_dim]
         scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale + meta.decode_mask
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.matmul(probs, values).view(d, a.num_heads, a.head_dim)
+        return torch.matmul(probs, values).transpose(0, 1).reshape(d, a.num_heads, a.head_dim)
 
     def _prefill_attention(self, q, k, v, k_cache, v_cache, span: PrefillSpan) -> torch.Tensor:
         """Causal attention of a chunk over its cached prefix and itself."""
-        a = self.args
         q = q[span.start : span.start + span.length].transpose(0, 1)
         if span.context_len == span.length:  # nothing cached before this chunk
             keys = k[span.start : span.start + span.length].transpose(0, 1)
             values = v[span.start : span.start + span.length].transpose(0, 1)
             mask, causal = None, True
         else:
-            keys = (
-                k_cache[span.block_ids]
-                .view(-1, a.num_kv_heads, a.head_dim)[: span.context_len]
-                .transpose(0, 1)
-            )
-            values = (
-                v_cache[span.block_ids]
-                .view(-1, a.num_kv_heads, a.head_dim)[: span.context_len]
-                .transpose(0, 1)
-            )
+            keys = gather_blocks(k_cache, span.block_ids[None])[:, 0, : span.context_len]
+            values = gather_blocks(v_cache, span.block_ids[None])[:, 0, : span.context_len]
             offset = span.context_len - span.length
             rows = torch.arange(span.length, device=q.device)[:, None] + offset
             mask, causal = rows >= torch.arange(span.context_len, device=q.device)[None, :], False
@@ -124,6 +118,14 @@ class DecoderLayer(nn.Module):
             q, keys, values, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
         )
         return out.transpose(0, 1)
+
+
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[kv_heads, num_blocks, bs, head_dim] gathered by tables [D, W] -> [kv_heads, D, W * bs, head_dim]."""
+    heads, _, bs, head_dim = cache.shape
+    d, width = block_tables.shape
+    rows = cache.view(heads, -1, bs * head_dim).index_select(1, block_tables.reshape(-1))
+    return rows.view(heads, d, width * bs, head_dim)
 
 
 class LlamaModel(nn.Module):
