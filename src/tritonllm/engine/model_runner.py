@@ -83,7 +83,11 @@ class ModelRunner:
         """Padded block tables and an additive mask hiding slots past each sequence's length."""
         if not decodes:
             empty = torch.empty(0, 1, dtype=torch.long, device=self.device)
-            return {"decode_block_tables": empty, "decode_mask": torch.empty(0, device=self.device)}
+            return {
+                "decode_block_tables": empty,
+                "decode_context_lens": torch.empty(0, dtype=torch.long, device=self.device),
+                "decode_mask": torch.empty(0, device=self.device),
+            }
         bs = self.tokens_per_block
         lengths = [c.seq.num_computed_tokens + 1 for c in decodes]
         width = -(-max(lengths) // bs)
@@ -96,4 +100,8 @@ class ModelRunner:
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
             ~visible, float("-inf")
         )
-        return {"decode_block_tables": tables, "decode_mask": mask[:, None, :]}
+        return {
+            "decode_block_tables": tables,
+            "decode_context_lens": torch.tensor(lengths, dtype=torch.long, device=self.device),
+            "decode_mask": mask[:, None, :],
+        }

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritonllm.model.args import ModelArgs
+from tritonllm.model.cpu_kernels import load_paged_attention
 
 
 @dataclass
@@ -36,6 +37,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat cache slot of each token
     num_decodes: int
     decode_block_tables: torch.Tensor  # [D, max_blocks]
+    decode_context_lens: torch.Tensor  # [D] int64, keys each decode attends to (itself included)
     decode_mask: torch.Tensor  # [D, 1, max_blocks * tokens_per_block], additive
     prefills: list[PrefillSpan]
 
@@ -87,12 +89,19 @@ class DecoderLayer(nn.Module):
         return x + self.down_proj(F.silu(gate) * up)
 
     def _decode_attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """All decodes at once: one gather of their blocks per head, masked past each length.
-
-        The cache's head-major layout makes the gathered keys [kv_heads, D, L, head_dim] contiguous,
-        so the two batched matmuls read them in place.
-        """
+        """All decodes at once: in place by the CPU kernel, else one gather of their blocks per head,
+        masked past each length (the head-major cache makes the gathered keys contiguous)."""
         a = self.args
+        kernel = load_paged_attention() if q.device.type == "cpu" else None
+        if kernel is not None:
+            return kernel.paged_decode_attention(
+                q.contiguous(),
+                k_cache,
+                v_cache,
+                meta.decode_block_tables,
+                meta.decode_context_lens,
+                self.scale,
+            )
         d = q.shape[0]
         keys = gather_blocks(k_cache, meta.decode_block_tables)
         values = gather_blocks(v_cache, meta.decode_block_tables)

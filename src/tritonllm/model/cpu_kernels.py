@@ -1,0 +1,36 @@
+"""A small C++ kernel for decode attention on CPU, compiled on first use and cached.
+
+PyTorch alone must gather each sequence's blocks into a padded copy before two batched matmuls,
+which read the KV several times; the kernel reads it once, in place. Where it cannot be built
+(no compiler) or on other devices, the engine falls back to the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("csrc") / "paged_attention.cpp"
+
+
+@cache
+def load_paged_attention():
+    """The compiled extension module, or None when it can't be built here (logged once)."""
+    if os.environ.get("TRITONLLM_DISABLE_KERNELS") == "1":
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name="tritonllm_paged_attention",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 -- any build failure means: use the PyTorch path
+        log.warning("paged attention kernel unavailable (%s); using the PyTorch path", exc)
+        return None
