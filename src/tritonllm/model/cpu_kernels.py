@@ -27,7 +27,7 @@ def load_paged_attention():
         return load(
             name="tritonllm_paged_attention",
             sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],  # fast-math: vector expf
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

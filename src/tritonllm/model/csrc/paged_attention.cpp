@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -46,10 +47,13 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
       }
       for (int64_t g = 0; g < group; ++g) {
         float* row = &scores[g * len];
-        float peak = -INFINITY, total = 0.f;
-        for (int64_t t = 0; t < len; ++t) peak = std::max(peak, row[t]);
+        float peak = row[0], total = 0.f;  // len >= 1: a decode attends at least to itself
+        for (int64_t t = 1; t < len; ++t) peak = std::max(peak, row[t]);
+#pragma omp simd reduction(+ : total)
         for (int64_t t = 0; t < len; ++t) total += (row[t] = std::exp(row[t] - peak));
-        for (int64_t t = 0; t < len; ++t) row[t] /= total;
+        const float inv = 1.f / total;
+#pragma omp simd
+        for (int64_t t = 0; t < len; ++t) row[t] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < len; ++t) {
