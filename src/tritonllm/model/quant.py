@@ -1,7 +1,8 @@
-"""Weight-only quantization of linear layers: INT8 per output channel, FP8 (e4m3) storage.
+"""Linear layers and weight-only quantization: INT8 per output channel, FP8 (e4m3) rounding.
 
-Activations stay in the compute dtype. INT8 uses PyTorch's int8-weight matmul kernel, which reads a
-quarter of fp32's bytes per step; FP8 halves storage against fp16 and is dequantized per layer.
+INT8 uses PyTorch's int8-weight matmul kernel, which reads a quarter of fp32's bytes per step: faster
+at batch 1 (memory-bound), slower at large batches on CPUs without an int8-weight GEMM (measured in
+benchmarks/). FP8 keeps FP8's accuracy but computes in the model dtype (see `fp8_linear`).
 """
 
 from __future__ import annotations
@@ -63,23 +64,20 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class FP8Linear(nn.Module):
-    """W ~= scale[:, None] * W_fp8 (e4m3), per output channel; dequantized at use."""
+def fp8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+    """Weights rounded to FP8 (e4m3, one scale per output channel), then expanded for compute.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__()
-        w = weight.float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
-        self.register_buffer("weight", (w / scale[:, None]).to(torch.float8_e4m3fn))
-        self.register_buffer("scale", scale.to(weight.dtype))
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight.to(x.dtype)) * self.scale
-        return y if self.bias is None else y + self.bias
+    FP8 is a storage format here: this CPU has no FP8 (nor fast bf16) GEMM, and converting fp8 to
+    fp32 in every step cost ~15 ns an element (2-3 s a step for SmolLM2), so the expansion happens
+    once at load. The accuracy is FP8's; the speed and memory are the compute dtype's.
+    """
+    w = weight.float()
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    w = (w / scale).to(torch.float8_e4m3fn).float() * scale
+    return Linear(w.to(weight.dtype), bias)
 
 
-LINEAR_TYPES = {"none": Linear, "int8_wo": Int8Linear, "fp8": FP8Linear}
+LINEAR_TYPES = {"none": Linear, "int8_wo": Int8Linear, "fp8": fp8_linear}
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str) -> nn.Module:
