@@ -43,6 +43,9 @@ class AttentionMetadata:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm (statistics in fp32); the fused kernel where the input is fp32 already."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
@@ -67,22 +70,27 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         a = self.args
         h = rms_norm(x, self.input_norm, a.rms_norm_eps)
-        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, a.num_heads, a.head_dim)
-        k = k.view(-1, a.num_kv_heads, a.head_dim)
-        v = v.reshape(-1, a.num_kv_heads, a.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        qkv = self.qkv_proj(h)
+        # RoPE on queries and keys in one go: they are adjacent in the fused projection.
+        qk = qkv[:, : self.q_size + self.kv_size].reshape(-1, a.num_heads + a.num_kv_heads, a.head_dim)
+        qk = qk * cos + rotate_half(qk) * sin
+        q, k = qk.split([a.num_heads, a.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(-1, a.num_kv_heads, a.head_dim)
         k_cache, v_cache = kv_cache  # [kv_heads, num_blocks, tokens_per_block, head_dim]
         k_cache.view(a.num_kv_heads, -1, a.head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         v_cache.view(a.num_kv_heads, -1, a.head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-        out = torch.empty_like(q)
-        if meta.num_decodes:
-            out[: meta.num_decodes] = self._decode_attention(q[: meta.num_decodes], k_cache, v_cache, meta)
-        for span in meta.prefills:
-            out[span.start : span.start + span.length] = self._prefill_attention(
-                q, k, v, k_cache, v_cache, span
-            )
+        if not meta.prefills:
+            out = self._decode_attention(q, k_cache, v_cache, meta)
+        else:
+            out = torch.empty_like(q)
+            if meta.num_decodes:
+                out[: meta.num_decodes] = self._decode_attention(
+                    q[: meta.num_decodes], k_cache, v_cache, meta
+                )
+            for span in meta.prefills:
+                out[span.start : span.start + span.length] = self._prefill_attention(
+                    q, k, v, k_cache, v_cache, span
+                )
         x = x + self.o_proj(out.view(-1, self.q_size))
         h = rms_norm(x, self.post_attention_norm, a.rms_norm_eps)
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
