@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import sysconfig
 from functools import cache
 from pathlib import Path
 
@@ -21,6 +23,9 @@ def load_paged_attention():
     """The compiled extension module, or None when it can't be built here (logged once)."""
     if os.environ.get("TRITONLLM_DISABLE_KERNELS") == "1":
         return None
+    scripts = sysconfig.get_path("scripts")  # the venv's bin, where pip put ninja
+    if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     try:
         from torch.utils.cpp_extension import load
 
