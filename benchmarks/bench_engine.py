@@ -141,6 +141,26 @@ class ThroughputResult:
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)
 
+    @classmethod
+    def measured(
+        cls, name: str, requests: list, computed: int, wall: float, ttft: list[float], **fields
+    ) -> ThroughputResult:
+        """Derive the rates and percentiles from one run's raw figures."""
+        useful = sum(r.max_tokens for r in requests)
+        return cls(
+            name=name,
+            num_requests=len(requests),
+            useful_output_tokens=useful,
+            computed_output_tokens=computed,
+            prompt_tokens=sum(len(r.prompt) for r in requests),
+            wall_s=wall,
+            output_tokens_per_s=useful / wall,
+            ttft_p50_s=percentile(ttft, 50),
+            ttft_p95_s=percentile(ttft, 95),
+            ttft_s=ttft,
+            **fields,
+        )
+
 
 @dataclass
 class KVUtilResult:
@@ -406,17 +426,12 @@ def run_hf(model, requests: list[Request], batch_size: int, pad_id: int) -> tupl
     wall = time.perf_counter() - t0
     progress.close()
     useful = sum(r.max_tokens for r in requests)
-    result = ThroughputResult(
-        name="hf_static_batching",
-        num_requests=len(requests),
-        useful_output_tokens=useful,
-        computed_output_tokens=computed,
-        prompt_tokens=sum(len(r.prompt) for r in requests),
-        wall_s=wall,
-        output_tokens_per_s=useful / wall,
-        ttft_p50_s=percentile(ttft, 50),
-        ttft_p95_s=percentile(ttft, 95),
-        ttft_s=ttft,
+    result = ThroughputResult.measured(
+        "hf_static_batching",
+        requests,
+        computed,
+        wall,
+        ttft,
         extra={"batch_size": batch_size, "padded_waste_fraction": 1 - useful / computed},
     )
     return result, outputs
@@ -492,17 +507,12 @@ def run_engine(
         raise RuntimeError(f"{name}: engine produced {got} tokens, {useful} requested")
     ttft = [(first_token_ns[r.request_id] - submit_ns) / 1e9 for r in requests]
     st = eng.stats()
-    result = ThroughputResult(
-        name=name,
-        num_requests=len(requests),
-        useful_output_tokens=useful,
-        computed_output_tokens=got,
-        prompt_tokens=sum(len(r.prompt) for r in requests),
-        wall_s=wall,
-        output_tokens_per_s=useful / wall,
-        ttft_p50_s=percentile(ttft, 50),
-        ttft_p95_s=percentile(ttft, 95),
-        ttft_s=ttft,
+    result = ThroughputResult.measured(
+        name,
+        requests,
+        got,
+        wall,
+        ttft,
         num_preemptions=st.num_preemptions - preempt0,
         extra={"num_steps": len(samples)},
     )
@@ -584,11 +594,12 @@ def prefill_logits(model: torch.nn.Module, ids: list[int], dtype: torch.dtype, t
     a = model.args
     n = len(ids)
     num_blocks = -(-n // tokens_per_block)
-    kv = torch.zeros(a.num_layers, 2, num_blocks, tokens_per_block, a.num_kv_heads, a.head_dim, dtype=dtype)
+    kv = torch.zeros(a.num_layers, 2, a.num_kv_heads, num_blocks, tokens_per_block, a.head_dim, dtype=dtype)
     meta = AttentionMetadata(
         slot_mapping=torch.arange(n),
         num_decodes=0,
         decode_block_tables=torch.empty(0, 1, dtype=torch.long),
+        decode_context_lens=torch.empty(0, dtype=torch.long),
         decode_mask=torch.empty(0, dtype=dtype),
         prefills=[PrefillSpan(0, n, n, torch.arange(num_blocks))],
     )
