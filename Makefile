@@ -10,11 +10,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tritonllm-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+SERVE_ARGS ?=
 
 .PHONY: help venv model serve test lint bench
 
 help:
-	@echo "make serve   serve the default model (SmolLM2-135M-Instruct)"
+	@echo "make serve   serve the default model (SmolLM2-135M-Instruct) on Triton; SERVE_ARGS=... adds options"
 	@echo "make test    run the tests"
 	@echo "make lint    ruff check + ruff format --check"
 	@echo "make bench   run benchmarks/bench_engine.py"
@@ -43,7 +44,7 @@ model: venv
 	$(PY) -m tritonllm.default_model
 
 serve: venv model
-	$(VENV)/bin/tritonllm serve
+	$(VENV)/bin/tritonllm launch $(SERVE_ARGS)
 
 test: venv model
 	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \

@@ -1,7 +1,5 @@
-"""Command line: `tritonllm generate` streams one completion; `tritonllm serve` chats on the terminal.
-
-`serve` runs the project's engine in-process until the Triton model repository lands; then it
-starts Triton Inference Server instead.
+"""Command line: `tritonllm launch` serves a model on Triton Inference Server; `tritonllm generate`
+streams one completion and `tritonllm serve` chats on the terminal, both on the engine in-process.
 """
 
 from __future__ import annotations
@@ -55,7 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     _add_common(gen)
     serve = sub.add_parser("serve", help="interactive chat with the engine (one prompt per line)")
     _add_common(serve)
+    from tritonllm.triton.launcher import add_arguments, launch, options_from_args
+
+    add_arguments(
+        sub.add_parser("launch", help="serve the model on Triton Inference Server (HTTP, gRPC, metrics)")
+    )
     args = parser.parse_args(argv)
+    if args.command == "launch":
+        return launch(options_from_args(args))
 
     path = _model_path(args.model)
     tokenizer = load_tokenizer(path)

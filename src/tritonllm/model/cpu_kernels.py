@@ -7,9 +7,11 @@ which read the KV several times; the kernel reads it once, in place. Where it ca
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
+import sys
 import sysconfig
 from functools import cache
 from pathlib import Path
@@ -29,8 +31,11 @@ def load_paged_attention():
     try:
         from torch.utils.cpp_extension import load
 
+        # One build per interpreter: Triton's Python stub and a plain Python hash the build
+        # differently, and a shared folder made each rebuild it (~45 s) in turn.
+        interpreter = hashlib.sha1(sys.executable.encode()).hexdigest()[:8]
         return load(
-            name="tritonllm_paged_attention",
+            name=f"tritonllm_paged_attention_{interpreter}",
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],  # fast-math: vector expf
             extra_ldflags=["-fopenmp"],

@@ -1,0 +1,5 @@
+"""Triton model: see tritonllm.triton.models.PreprocessingModel."""
+
+from tritonllm.triton.models import PreprocessingModel as TritonPythonModel
+
+__all__ = ["TritonPythonModel"]

@@ -1,0 +1,161 @@
+"""The engine bridge with fake response channels: streaming, whole responses, errors, cancellation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tritonllm.engine import EngineConfig
+from tritonllm.triton.bridge import EngineBridge, FinishedRequest
+from tritonllm.triton.tensors import parse_engine_request
+
+WAIT_S = 60.0
+
+
+class FakeChannel:
+    def __init__(self) -> None:
+        self.responses: list[tuple[dict | None, str | None, bool]] = []
+        self.done = threading.Event()
+        self.cancelled = False
+
+    def send(self, outputs, error, final) -> None:
+        assert not self.done.is_set(), "a response after the final one"
+        self.responses.append((outputs, error, final))
+        if final:
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def tokens(self) -> list[int]:
+        return [int(t) for out, _, _ in self.responses if out for t in out["output_ids"].reshape(-1)]
+
+
+def request(prompt: list[int], max_tokens: int, **extra):
+    inputs = {
+        "input_ids": np.array([prompt], dtype=np.int32),
+        "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
+        "request_output_len": np.array([[max_tokens]], dtype=np.int32),
+        "min_tokens": np.array([[max_tokens]], dtype=np.int32),  # no early EOS: lengths are predictable
+    }
+    inputs.update({k: np.array([[v]]) for k, v in extra.items()})
+    return parse_engine_request(inputs)
+
+
+@pytest.fixture(scope="module")
+def bridge(tiny_llama_dir: Path):
+    finished: list[FinishedRequest] = []
+    b = EngineBridge(
+        EngineConfig(model=str(tiny_llama_dir), tokens_per_block=4, num_kv_blocks=128, num_threads=1),
+        on_finished=finished.append,
+    )
+    b.finished = finished  # type: ignore[attr-defined]
+    yield b
+    b.shutdown(drain_timeout_s=1)
+
+
+def test_streaming_sends_one_response_per_token(bridge: EngineBridge) -> None:
+    prompt = list(range(20, 32))
+    chan = FakeChannel()
+    bridge.submit("s1", request(prompt, 6, streaming=True), chan)
+    assert chan.done.wait(WAIT_S)
+    data = [r for r in chan.responses if r[0] is not None]
+    assert len(data) == 6 and all(r[1] is None for r in chan.responses)
+    assert chan.responses[-1][2]
+    first = data[0][0]
+    assert first["output_context_ids"].reshape(-1).tolist() == prompt[-8:]
+    assert first["output_ids"].shape == (1, 1, 1) and first["sequence_length"].tolist() == [[1]]
+    assert data[-1][0]["finish_reason"][0, 0] == "length"
+    assert bridge.num_in_flight == 0
+
+
+def test_whole_response_matches_stream_and_includes_prompt(bridge: EngineBridge) -> None:
+    prompt = list(range(40, 50))
+    streamed, whole, excluded = FakeChannel(), FakeChannel(), FakeChannel()
+    bridge.submit("a", request(prompt, 5, streaming=True), streamed)
+    bridge.submit("b", request(prompt, 5), whole)
+    bridge.submit("c", request(prompt, 5, exclude_input_in_output=True), excluded)
+    for chan in (streamed, whole, excluded):
+        assert chan.done.wait(WAIT_S)
+    assert len(whole.responses) == 1 and whole.responses[0][2]
+    assert whole.tokens() == prompt + streamed.tokens()
+    assert excluded.tokens() == streamed.tokens()
+    assert excluded.responses[0][0]["output_context_ids"].reshape(-1).tolist() == prompt[-8:]
+    assert whole.responses[0][0]["output_context_ids"].size == 0
+
+
+def test_invalid_request_gets_final_error_naming_tensor(bridge: EngineBridge) -> None:
+    chan = FakeChannel()
+    bridge.submit("too-long", request([5] * 10, 100_000), chan)
+    assert chan.done.wait(1)
+    ((outputs, error, final),) = chan.responses
+    assert outputs is None and final and "'request_output_len'" in error
+
+
+def test_client_cancellation_frees_blocks_within_a_step(bridge: EngineBridge) -> None:
+    chan = FakeChannel()
+    bridge.submit("long", request(list(range(60, 70)), 400, streaming=True), chan)
+    deadline = time.monotonic() + WAIT_S
+    while len(chan.responses) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    chan.cancelled = True
+    assert chan.done.wait(5)
+    assert len(chan.tokens()) < 400
+    time.sleep(0.05)  # stats are refreshed at the end of the step that aborted it
+    assert bridge.engine.stats().kv_blocks_used == 0
+    assert bridge.finished[-1].output.finish_reason.value == "abort"
+
+
+def test_stop_input_cancels_by_triton_request_id(bridge: EngineBridge) -> None:
+    chan, stopper = FakeChannel(), FakeChannel()
+    bridge.submit("victim", request(list(range(70, 80)), 400, streaming=True), chan)
+    while not chan.responses:
+        time.sleep(0.005)
+    stop = parse_engine_request(
+        {
+            "input_ids": np.array([[1]], dtype=np.int32),
+            "input_lengths": np.array([[1]], dtype=np.int32),
+            "request_output_len": np.array([[1]], dtype=np.int32),
+            "stop": np.array([[True]]),
+        }
+    )
+    bridge.submit("victim", stop, stopper)
+    assert stopper.done.is_set() and stopper.responses == [(None, None, True)]
+    assert chan.done.wait(5) and len(chan.tokens()) < 400
+
+
+def test_full_queue_rejects_at_once_with_busy_error(tiny_llama_dir: Path) -> None:
+    rejected: list[bool] = []
+    config = EngineConfig(
+        model=str(tiny_llama_dir),
+        tokens_per_block=4,
+        num_kv_blocks=128,
+        num_threads=1,
+        max_num_seqs=1,
+        max_waiting=1,
+    )
+    small = EngineBridge(config, on_rejected=lambda: rejected.append(True))
+    try:
+        running, waiting, third = FakeChannel(), FakeChannel(), FakeChannel()
+        small.submit("run", request(list(range(20, 30)), 300, streaming=True), running)
+        while not running.responses:
+            time.sleep(0.005)
+        small.submit("wait", request(list(range(30, 40)), 4), waiting)
+        # ServingEngine counts its inbox plus the waiting queue as of the last step; a request taken
+        # from the inbox during a step is counted by neither until the step ends, so wait for it.
+        deadline = time.monotonic() + WAIT_S
+        while small.engine.stats().num_waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        small.submit("third", request(list(range(40, 50)), 4), third)
+        assert third.done.is_set(), "rejected at once, not queued"
+        ((outputs, error, final),) = third.responses
+        assert outputs is None and final and error.startswith("server busy") and rejected == [True]
+        small.stop("run")
+        assert running.done.wait(WAIT_S) and waiting.done.wait(WAIT_S)
+        assert waiting.responses[-1][1] is None
+    finally:
+        small.shutdown(drain_timeout_s=1)

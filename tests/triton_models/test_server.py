@@ -1,0 +1,351 @@
+"""Integration tests against a real tritonserver: ensemble and BLS, HTTP and gRPC, streaming or not."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
+from tritonllm.triton.launcher import TritonServer
+from tritonllm.triton.text import CONTEXT_TOKENS, TextCodec
+
+MODELS = ("ensemble", "tensorrt_llm_bls")
+TIMEOUT_S = 60
+UINT64_INPUTS = ("seed", "random_seed", "lora_task_id")
+PROMPTS = [
+    "The quick brown fox",
+    "A paged key-value cache",
+    "Triton Inference Server runs models",
+    "Il était une fois",
+    "Grouped-query attention lets",
+    "0123456789 + 42 =",
+]
+
+
+# Reference: the engine itself, greedy, decoded like postprocessing does.
+
+
+@lru_cache(maxsize=1)
+def _reference_engine(model: str) -> tuple[LLMEngine, TextCodec]:
+    config = EngineConfig(model=model, tokens_per_block=4, num_kv_blocks=512, num_threads=1)
+    return LLMEngine(config), TextCodec(model)
+
+
+@lru_cache(maxsize=256)
+def reference(model: str, text: str, max_tokens: int) -> str:
+    engine, codec = _reference_engine(model)
+    prompt = codec.encode(text)
+    rid = uuid.uuid4().hex
+    engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, top_k=1))
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += out.new_token_ids
+    return codec.delta(prompt[-CONTEXT_TOKENS:], tokens)
+
+
+# Clients.
+
+
+def http_generate(server: TritonServer, model: str, body: dict[str, Any]) -> requests.Response:
+    return requests.post(f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=TIMEOUT_S)
+
+
+def sse_generate(server: TritonServer, model: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
+    events = []
+    with requests.post(url, json=body, stream=True, timeout=TIMEOUT_S) as response:
+        for line in response.iter_lines():
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[len(b"data: ") :]))
+    return events
+
+
+def grpc_input(name: str, value: Any) -> grpcclient.InferInput:
+    if isinstance(value, str):
+        arr = np.array([[value.encode()]], dtype=object)
+        dtype = "BYTES"
+    elif isinstance(value, bool):
+        arr, dtype = np.array([[value]], dtype=bool), "BOOL"
+    elif isinstance(value, int):
+        np_type, dtype = (np.uint64, "UINT64") if name in UINT64_INPUTS else (np.int32, "INT32")
+        arr = np.array([[value]], dtype=np_type)
+    else:
+        arr, dtype = np.array([[value]], dtype=np.float32), "FP32"
+    tensor = grpcclient.InferInput(name, list(arr.shape), dtype)
+    tensor.set_data_from_numpy(arr)
+    return tensor
+
+
+class GrpcStream:
+    """One gRPC stream for one generation (cancelling a stream cancels every request on it)."""
+
+    def __init__(self, server: TritonServer, model: str, inputs: dict[str, Any]):
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.results: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
+        self.client.async_stream_infer(
+            model,
+            [grpc_input(k, v) for k, v in inputs.items()],
+            request_id=uuid.uuid4().hex,
+            enable_empty_final_response=True,
+        )
+
+    def responses(self, limit: int | None = None):
+        """Yield (outputs dict, error) until the final response (or `limit` data responses)."""
+        count = 0
+        while True:
+            result, error = self.results.get(timeout=TIMEOUT_S)
+            if error is not None:
+                yield None, str(error)
+                return
+            response = result.get_response()
+            outputs = {o.name: result.as_numpy(o.name) for o in response.outputs}
+            if outputs:
+                count += 1
+                yield outputs, None
+            if response.parameters["triton_final_response"].bool_param:
+                return
+            if limit is not None and count >= limit:
+                return
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def grpc_generate(server: TritonServer, model: str, inputs: dict[str, Any]) -> tuple[list[str], str | None]:
+    stream = GrpcStream(server, model, inputs)
+    try:
+        texts, error = [], None
+        for outputs, err in stream.responses():
+            if err is not None:
+                error = err
+            else:
+                texts.append(outputs["text_output"].reshape(-1)[0].decode())
+        return texts, error
+    finally:
+        stream.close()
+
+
+def metric_values(server: TritonServer, name: str) -> list[float]:
+    text = requests.get(server.metrics_url, timeout=10).text
+    return [float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+
+
+def wait_for(predicate, timeout_s: float = 5.0, step_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()
+
+
+# Generation.
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_http_generate_equals_engine_output(
+    triton_server: TritonServer, tiny_llama_dir: Path, model: str
+) -> None:
+    for prompt in PROMPTS[:3]:
+        r = http_generate(
+            triton_server, model, {"text_input": prompt, "max_tokens": 12, "exclude_input_in_output": True}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["text_output"] == reference(str(tiny_llama_dir), prompt, 12)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_http_generate_includes_prompt_by_default(triton_server: TritonServer, model: str) -> None:
+    r = http_generate(triton_server, model, {"text_input": "The quick brown fox", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["text_output"].startswith("The quick brown fox")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sse_stream_equals_non_streamed(
+    triton_server: TritonServer, tiny_llama_dir: Path, model: str
+) -> None:
+    prompt = PROMPTS[3]
+    events = sse_generate(triton_server, model, {"text_input": prompt, "max_tokens": 16, "stream": True})
+    assert all("error" not in e for e in events), events
+    assert len(events) > 1, "streamed in pieces"
+    whole = http_generate(
+        triton_server, model, {"text_input": prompt, "max_tokens": 16, "exclude_input_in_output": True}
+    ).json()["text_output"]
+    assert "".join(e["text_output"] for e in events) == whole == reference(str(tiny_llama_dir), prompt, 16)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_grpc_streaming_equals_engine_output(
+    triton_server: TritonServer, tiny_llama_dir: Path, model: str
+) -> None:
+    prompt = PROMPTS[4]
+    texts, error = grpc_generate(
+        triton_server, model, {"text_input": prompt, "max_tokens": 16, "stream": True}
+    )
+    assert error is None and len(texts) > 1
+    assert "".join(texts) == reference(str(tiny_llama_dir), prompt, 16)
+    # stream=False over a gRPC stream: exactly one response with the whole text.
+    texts, error = grpc_generate(
+        triton_server, model, {"text_input": prompt, "max_tokens": 16, "exclude_input_in_output": True}
+    )
+    assert error is None and texts == [reference(str(tiny_llama_dir), prompt, 16)]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_16_concurrent_grpc_streams(triton_server: TritonServer, tiny_llama_dir: Path, model: str) -> None:
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(16)]
+
+    def run(prompt: str) -> tuple[str, str | None]:
+        texts, error = grpc_generate(
+            triton_server, model, {"text_input": prompt, "max_tokens": 24, "stream": True}
+        )
+        return "".join(texts), error
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(run, prompts))
+    for prompt, (text, error) in zip(prompts, results, strict=True):
+        assert error is None
+        assert text == reference(str(tiny_llama_dir), prompt, 24)
+
+
+# Bad input: a specific error for that request only.
+
+BAD_INPUTS = [
+    ({"text_input": "", "max_tokens": 8}, "text_input"),
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": 100_000}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": 8, "top_p": 1.5}, "top_p"),
+    ({"text_input": "hi", "max_tokens": 8, "temperature": -1.0}, "temperature"),
+    ({"text_input": "hi", "max_tokens": 8, "beam_width": 2}, "beam_width"),
+    ({"text_input": "hi", "max_tokens": 8, "lora_task_id": 3}, "lora_task_id"),
+    ({"text_input": "hi", "max_tokens": 8, "num_return_sequences": 2}, "num_return_sequences"),
+    ({"text_input": "hi", "max_tokens": 8, "bad_words": ["fox"]}, "bad_words"),
+    ({"text_input": "hi", "max_tokens": 8, "no_such_input": 1}, "no_such_input"),
+    ({"max_tokens": 8}, "text_input"),
+    ({"text_input": "fox " * 600, "max_tokens": 8}, "input_ids"),  # longer than the model's limit
+]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bad_inputs_fail_alone(triton_server: TritonServer, tiny_llama_dir: Path, model: str) -> None:
+    good: dict[str, Any] = {}
+    prompt = PROMPTS[0]
+
+    def run_good() -> None:
+        good["result"] = grpc_generate(
+            triton_server, model, {"text_input": prompt, "max_tokens": 48, "min_tokens": 48, "stream": True}
+        )
+
+    thread = threading.Thread(target=run_good)
+    thread.start()
+    for body, tensor in BAD_INPUTS:
+        r = http_generate(triton_server, model, body)
+        assert r.status_code >= 400, (body, r.text)
+        assert tensor in r.json()["error"], (body, r.text)
+    texts, error = grpc_generate(
+        triton_server, model, {"text_input": "hi", "max_tokens": 8, "top_p": 1.5, "stream": True}
+    )
+    assert error is not None and "top_p" in error and texts == []
+    thread.join(TIMEOUT_S)
+    texts, error = good["result"]
+    assert error is None and len(texts) >= 40
+
+
+def test_wrong_dtype_names_the_input(triton_server: TritonServer) -> None:
+    wrong = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+    wrong.set_data_from_numpy(np.array([[8.0]], dtype=np.float32))
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("ensemble", [grpc_input("text_input", "hi"), wrong])
+        _, error = results.get(timeout=TIMEOUT_S)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "max_tokens" in str(error) and "FP32" in str(error), error
+
+
+def test_malformed_json_is_rejected(triton_server: TritonServer) -> None:
+    url = f"http://{triton_server.http_url}/v2/models/ensemble/generate"
+    r = requests.post(url, data=b'{"text_input": "hi", "max_tokens": ', timeout=TIMEOUT_S)
+    assert r.status_code >= 400 and "error" in r.json()  # Triton answers 500 here
+
+
+# Cancellation and metrics.
+
+
+def test_bls_cancellation_frees_kv_blocks(triton_server: TritonServer) -> None:
+    stream = GrpcStream(
+        triton_server,
+        "tensorrt_llm_bls",
+        {"text_input": "The quick brown fox", "max_tokens": 400, "min_tokens": 400, "stream": True},
+    )
+    try:
+        received = list(stream.responses(limit=3))
+        assert len(received) == 3 and all(err is None for _, err in received)
+        assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] > 0)
+        aborted_before = sum(
+            v
+            for v in metric_values(
+                triton_server, r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
+            )
+        )
+    finally:
+        stream.close(cancel=True)
+    assert wait_for(
+        lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] == 0, timeout_s=3
+    )
+    assert wait_for(
+        lambda: sum(
+            metric_values(triton_server, r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}')
+        )
+        == aborted_before + 1,
+        timeout_s=3,
+    )
+
+
+def test_metrics_have_ttft_histogram_and_move(triton_server: TritonServer) -> None:
+    before = sum(metric_values(triton_server, "tritonllm_time_to_first_token_seconds_count"))
+    r = http_generate(triton_server, "ensemble", {"text_input": "hello", "max_tokens": 4})
+    assert r.status_code == 200
+    assert wait_for(
+        lambda: sum(metric_values(triton_server, "tritonllm_time_to_first_token_seconds_count")) > before
+    )
+    text = requests.get(triton_server.metrics_url, timeout=10).text
+    for name in (
+        "tritonllm_time_to_first_token_seconds_bucket",
+        "tritonllm_inter_token_latency_seconds_bucket",
+        "tritonllm_e2e_request_latency_seconds_bucket",
+        "tritonllm_queue_time_seconds_bucket",
+        "tritonllm_num_requests_running",
+        "tritonllm_num_requests_waiting",
+        "tritonllm_kv_cache_usage_ratio",
+        "tritonllm_generation_tokens_total",
+        "tritonllm_prompt_tokens_total",
+    ):
+        assert name in text, name
+
+
+def test_admin_api_needs_the_key(triton_server: TritonServer) -> None:
+    url = f"http://{triton_server.http_url}/v2/repository/index"
+    assert requests.post(url, timeout=10).status_code == 403
+    ok = requests.post(url, headers={"tritonllm-admin-key": "test-admin-key"}, timeout=10)
+    assert ok.status_code == 200
