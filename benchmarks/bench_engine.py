@@ -600,7 +600,6 @@ def prefill_logits(model: torch.nn.Module, ids: list[int], dtype: torch.dtype, t
         num_decodes=0,
         decode_block_tables=torch.empty(0, 1, dtype=torch.long),
         decode_context_lens=torch.empty(0, dtype=torch.long),
-        decode_mask=torch.empty(0, dtype=dtype),
         prefills=[PrefillSpan(0, n, n, torch.arange(num_blocks))],
     )
     return model(
@@ -683,24 +682,12 @@ def plot(report: Report, samples: list[KVSample], path: Path) -> None:
     ax_b1.bar_label(
         bars, labels=[f"{b.decode_tokens_per_s:.1f}\n{b.pct_of_roofline:.0%}" for b in report.batch1]
     )
-    ax_b1.scatter(
-        x,
-        [b.roofline_tokens_per_s for b in report.batch1],
-        marker="_",
-        s=900,
-        color="tab:red",
-        label="roofline (all weight bytes)",
-        zorder=3,
-    )
-    ax_b1.scatter(
-        x,
-        [b.streamed_roofline_tokens_per_s for b in report.batch1],
-        marker="_",
-        s=900,
-        color="tab:orange",
-        label="roofline (streamed bytes)",
-        zorder=3,
-    )
+    for attr, color, label in (
+        ("roofline_tokens_per_s", "tab:red", "roofline (all weight bytes)"),
+        ("streamed_roofline_tokens_per_s", "tab:orange", "roofline (streamed bytes)"),
+    ):
+        values = [getattr(b, attr) for b in report.batch1]
+        ax_b1.scatter(x, values, marker="_", s=900, color=color, label=label, zorder=3)
     ax_b1.set_xticks(list(x), names)
     ax_b1.set_title(f"Batch-1 decode tokens/s vs roofline ({report.bandwidth.roofline_gbps:.1f} GB/s)")
     ax_b1.legend(fontsize=8)

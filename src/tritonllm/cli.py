@@ -13,14 +13,6 @@ from tritonllm.engine.serving import ServingEngine
 from tritonllm.tokenization import IncrementalDetokenizer, encode_prompt, load_tokenizer
 
 
-def _model_path(arg: str | None) -> str:
-    if arg:
-        return arg
-    from tritonllm.default_model import default_model_path
-
-    return str(default_model_path())
-
-
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="HF checkpoint directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -62,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "launch":
         return launch(options_from_args(args))
 
-    path = _model_path(args.model)
+    from tritonllm.default_model import model_path_or_default
+
+    path = model_path_or_default(args.model)
     tokenizer = load_tokenizer(path)
     engine = ServingEngine(EngineConfig(model=path, quantization=args.quantization, num_threads=args.threads))
     params = SamplingParams(

@@ -250,6 +250,11 @@ def default_model_path() -> Path:
     return prepare()
 
 
+def model_path_or_default(path: str | None) -> str:
+    """`path` when given, else the default model (prepared on first use)."""
+    return path or str(default_model_path())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="convert again even if the cache is valid")

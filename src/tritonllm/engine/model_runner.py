@@ -80,28 +80,13 @@ class ModelRunner:
         return list(zip(sampling, tokens, logprobs, strict=False))
 
     def _decode_tables(self, decodes: list[ScheduledChunk], block_tables: dict[str, list[int]]) -> dict:
-        """Padded block tables and an additive mask hiding slots past each sequence's length."""
-        if not decodes:
-            empty = torch.empty(0, 1, dtype=torch.long, device=self.device)
-            return {
-                "decode_block_tables": empty,
-                "decode_context_lens": torch.empty(0, dtype=torch.long, device=self.device),
-                "decode_mask": torch.empty(0, device=self.device),
-            }
-        bs = self.tokens_per_block
+        """Block tables padded to the longest decode, and how many keys each decode attends to."""
         lengths = [c.seq.num_computed_tokens + 1 for c in decodes]
-        width = -(-max(lengths) // bs)
+        width = -(-max(lengths, default=1) // self.tokens_per_block)
         tables = [block_tables[c.seq.request_id][:width] for c in decodes]
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=self.device)
-        visible = (
-            torch.arange(width * bs, device=self.device)[None, :]
-            < torch.tensor(lengths, device=self.device)[:, None]
-        )
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
-            ~visible, float("-inf")
-        )
         return {
-            "decode_block_tables": tables,
+            "decode_block_tables": torch.tensor(
+                [t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=self.device
+            ).view(len(decodes), width),
             "decode_context_lens": torch.tensor(lengths, dtype=torch.long, device=self.device),
-            "decode_mask": mask[:, None, :],
         }

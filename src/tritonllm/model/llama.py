@@ -38,7 +38,6 @@ class AttentionMetadata:
     num_decodes: int
     decode_block_tables: torch.Tensor  # [D, max_blocks]
     decode_context_lens: torch.Tensor  # [D] int64, keys each decode attends to (itself included)
-    decode_mask: torch.Tensor  # [D, 1, max_blocks * tokens_per_block], additive
     prefills: list[PrefillSpan]
 
 
@@ -114,7 +113,9 @@ class DecoderLayer(nn.Module):
         keys = gather_blocks(k_cache, meta.decode_block_tables)
         values = gather_blocks(v_cache, meta.decode_block_tables)
         q = q.view(d, a.num_kv_heads, -1, a.head_dim).transpose(0, 1)  # [kv_heads, D, group, head_dim]
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale + meta.decode_mask
+        visible = torch.arange(keys.shape[2], device=q.device) < meta.decode_context_lens[:, None]
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return torch.matmul(probs, values).transpose(0, 1).reshape(d, a.num_heads, a.head_dim)
 

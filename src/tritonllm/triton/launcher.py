@@ -289,11 +289,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> LaunchOptions:
-    model = args.model
-    if not model:
-        from tritonllm.default_model import default_model_path
+    from tritonllm.default_model import model_path_or_default
 
-        model = str(default_model_path())
+    model = model_path_or_default(args.model)
     return LaunchOptions(
         model=model,
         tokenizer_dir=args.tokenizer,
