@@ -31,13 +31,18 @@ def _hf_model(path: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+def hf_greedy(
+    path: Path, prompt: list[int], max_new_tokens: int, bad_words_ids: list[list[int]] | None = None
+) -> list[int]:
     """HF transformers greedy `generate()` for one prompt, EOS ignored (memoised across tests)."""
-    return list(_hf_greedy(str(path), tuple(prompt), max_new_tokens))
+    bad = tuple(tuple(w) for w in bad_words_ids) if bad_words_ids else None
+    return list(_hf_greedy(str(path), tuple(prompt), max_new_tokens, bad))
 
 
 @lru_cache(maxsize=1024)
-def _hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
+def _hf_greedy(
+    path: str, prompt: tuple[int, ...], max_new_tokens: int, bad_words_ids: tuple[tuple[int, ...], ...] | None
+) -> tuple[int, ...]:
     model = _hf_model(path)
     with torch.inference_mode():
         out = model.generate(
@@ -47,6 +52,7 @@ def _hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> tuple
             do_sample=False,
             eos_token_id=None,  # generate through EOS, like the engine's ignore_eos
             pad_token_id=0,
+            bad_words_ids=[list(w) for w in bad_words_ids] if bad_words_ids else None,
         )
     return tuple(out[0, len(prompt) :].tolist())
 

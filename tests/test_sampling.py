@@ -61,6 +61,17 @@ def test_stop_sequence_ends_generation(tiny_llama_dir: Path) -> None:
     assert final.finish_reason is FinishReason.STOP
 
 
+def test_bad_words_match_hf_bad_words_ids(tiny_llama_dir: Path) -> None:
+    """Single-token and multi-token bad words change the greedy output exactly as HF's `bad_words_ids`."""
+    reference = hf_greedy(tiny_llama_dir, PROMPT, 12)
+    bad = [[reference[2]], reference[5:7]]
+    expected = hf_greedy(tiny_llama_dir, PROMPT, 12, bad_words_ids=bad)
+    assert expected != reference
+    tokens, _ = finish_of(make_engine(tiny_llama_dir), "b", PROMPT, greedy(12, bad_token_ids=bad))
+    assert tokens == expected
+    assert reference[2] not in tokens
+
+
 def test_end_id_and_min_tokens(tiny_llama_dir: Path) -> None:
     reference = hf_greedy(tiny_llama_dir, PROMPT, 12)
     end_id = reference[3]
@@ -139,6 +150,7 @@ def test_top_k_top_p_masks() -> None:
         ("min_tokens", {"min_tokens": 20, "max_tokens": 10}),
         ("seed", {"seed": -1}),
         ("stop_token_ids", {"stop_token_ids": [[]]}),
+        ("bad_token_ids", {"bad_token_ids": [[1], []]}),
     ],
 )
 def test_bad_sampling_params_name_the_field(field: str, kwargs: dict) -> None:

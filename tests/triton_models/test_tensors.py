@@ -70,7 +70,6 @@ def test_input_lengths_truncates_padded_ids() -> None:
         ({"presence_penalty": np.array([[5.0]], dtype=np.float32)}, "presence_penalty"),
         ({"min_tokens": np.array([[99]], dtype=np.int32)}, "min_tokens"),
         ({"input_lengths": np.array([[9]], dtype=np.int32)}, "input_lengths"),
-        ({"bad_words_list": to_word_list([[3, 4]])}, "bad_words_list"),
         ({"guided_decoding_guide": np.array([[b"{}"]], dtype=object)}, "guided_decoding_guide"),
     ],
 )
@@ -105,6 +104,9 @@ def test_word_list_round_trip(words: list[list[int]]) -> None:
     assert from_word_list({"w": arr}, "w") == words
 
 
-def test_stop_words_reach_sampling_params() -> None:
-    req = parse_engine_request(engine_inputs(stop_words_list=to_word_list([[9, 10], [11]])))
+def test_stop_and_bad_words_reach_sampling_params() -> None:
+    req = parse_engine_request(
+        engine_inputs(stop_words_list=to_word_list([[9, 10], [11]]), bad_words_list=to_word_list([[3, 4]]))
+    )
     assert req.params.stop_token_ids == [[9, 10], [11]]
+    assert req.params.bad_token_ids == [[3, 4]]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from tritonllm.build.engine_dir import built_quantization
+
 QUANTIZATIONS = ("none", "int8_wo", "fp8")
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -27,7 +29,7 @@ class EngineConfig:
     model: str
     dtype: str = "float32"
     device: str = "cpu"
-    quantization: str = "none"
+    quantization: str | None = None  # None: as built (an engine directory), else "none"
     tokens_per_block: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int = 2 << 30
@@ -42,6 +44,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization is None:
+            self.quantization = built_quantization(self.model) or "none"
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         for name in ("tokens_per_block", "max_num_seqs", "max_num_batched_tokens", "max_waiting"):

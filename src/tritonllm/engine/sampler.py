@@ -1,4 +1,4 @@
-"""Next-token choice per sequence: penalties, min_tokens, temperature, top-k, top-p, seeded draws.
+"""Next-token choice per sequence: penalties, bad words, min_tokens, temperature, top-k, top-p, seeded draws.
 
 Each sequence samples with its own generator, so a seed gives the same tokens whatever else is in
 the batch. Log-probabilities are those of the model's own distribution (before penalties/temperature).
@@ -25,6 +25,17 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
+def banned_tokens(seq: Sequence) -> list[int]:
+    """Last tokens of the bad-words sequences whose other tokens end the sequence so far."""
+    tokens = seq.token_ids
+    banned = []
+    for bad in seq.params.bad_token_ids:
+        prefix = bad[:-1]
+        if len(prefix) <= len(tokens) and tokens[len(tokens) - len(prefix) :] == prefix:
+            banned.append(bad[-1])
+    return banned
+
+
 def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask one row's logits outside the top-k and the top-p nucleus (HF order: k, then p)."""
     if 0 < top_k < logits.shape[-1]:
@@ -47,13 +58,17 @@ class Sampler:
         needs_edit = [
             i
             for i, s in enumerate(seqs)
-            if s.params.uses_penalties or (s.num_output_tokens < s.params.min_tokens and s.blocked_ids)
+            if s.params.uses_penalties
+            or s.params.bad_token_ids
+            or (s.num_output_tokens < s.params.min_tokens and s.blocked_ids)
         ]
         if needs_edit:
             logits = logits.clone()
         for i in needs_edit:
             seq = seqs[i]
             apply_penalties(logits[i], seq)
+            if seq.params.bad_token_ids:
+                logits[i, banned_tokens(seq)] = float("-inf")
             if seq.num_output_tokens < seq.params.min_tokens:
                 logits[i, list(seq.blocked_ids)] = float("-inf")
         tokens = torch.argmax(logits, dim=-1).tolist()

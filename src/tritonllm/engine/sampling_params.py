@@ -12,7 +12,9 @@ class SamplingParams:
     """What to generate. `temperature == 0` or `top_k == 1` means greedy.
 
     `end_id=None` uses the model's EOS tokens; `ignore_eos` generates through them.
-    `stop_token_ids` are token sequences that end the generation (included in the output).
+    `stop_token_ids` are token sequences that end the generation (included in the output);
+    `bad_token_ids` are token sequences never generated (their last token is banned wherever the
+    tokens before it were just generated, as HF's `bad_words_ids` and TensorRT-LLM's bad words).
     """
 
     max_tokens: int = 16
@@ -27,6 +29,7 @@ class SamplingParams:
     end_id: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[list[int]] = field(default_factory=list)
+    bad_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: bool = False
 
     def __post_init__(self) -> None:
@@ -56,6 +59,8 @@ class SamplingParams:
             raise InvalidRequestError("end_id", f"must be >= 0, got {self.end_id}")
         if any(len(stop) == 0 for stop in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids", "a stop sequence is empty")
+        if any(len(bad) == 0 for bad in self.bad_token_ids):
+            raise InvalidRequestError("bad_token_ids", "a bad-words sequence is empty")
 
     @property
     def greedy(self) -> bool:

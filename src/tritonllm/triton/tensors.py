@@ -60,6 +60,7 @@ FIELD_TO_TENSOR = {
     "seed": "seed",
     "end_id": "end_id",
     "stop_token_ids": "stop_words_list",
+    "bad_token_ids": "bad_words_list",
     "input_ids": "input_ids",
 }
 
@@ -195,8 +196,6 @@ def _reject_unsupported(inputs: Inputs) -> None:
         value = row(inputs, name)
         if value is not None and np.asarray(value).size > 0:
             raise RequestError(name, "is not supported by this engine")
-    if from_word_list(inputs, "bad_words_list"):
-        raise RequestError("bad_words_list", "bad words are not supported by this engine")
     beam_width = scalar(inputs, "beam_width", int, 1)
     if beam_width != 1:
         raise RequestError(
@@ -265,6 +264,7 @@ def parse_engine_request(inputs: Inputs) -> EngineRequest:
             seed=seed,
             end_id=end_id if end_id >= 0 else None,
             stop_token_ids=from_word_list(inputs, "stop_words_list"),
+            bad_token_ids=from_word_list(inputs, "bad_words_list"),
             logprobs=scalar(inputs, "return_log_probs", bool, False),
         )
     except InvalidRequestError as exc:
