@@ -1,4 +1,8 @@
-"""Build a `LlamaModel` from a HF checkpoint directory (config.json + *.safetensors)."""
+"""Build a `LlamaModel` from a HF checkpoint directory (config.json + *.safetensors) or an engine directory.
+
+An engine directory (`build_engines/build.py`) holds its linears already quantized (`<name>.weight` in
+int8 or float8_e4m3fn with `<name>.weight_scale`), so loading it skips quantization.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from safetensors import safe_open
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from tritonllm.build.engine_dir import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.llama import DecoderLayer, LlamaModel
-from tritonllm.model.quant import make_linear
+from tritonllm.model.quant import make_linear, prequantized_linear
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -48,6 +53,13 @@ def load_model(
 ) -> LlamaModel:
     path = Path(path)
     args = read_model_args(path)
+    built = built_quantization(path)
+    if built not in (None, "none") and quantization != built:
+        raise UnsupportedModelError(
+            f"{path} holds {built} weights (an engine directory); it runs with quantization={built!r}, "
+            f"not {quantization!r}: rebuild it with build_engines/build.py for another quantization"
+        )
+    prequantized = built not in (None, "none")
     tensors = _load_tensors(path)
     torch_dtype = DTYPES[dtype]
 
@@ -62,30 +74,29 @@ def load_model(
         parts = [take(n, required) for n in names]
         return None if any(p is None for p in parts) else torch.cat(parts, dim=0)
 
+    def linear(prefixes: list[str], has_bias: bool) -> torch.nn.Module:
+        """One linear over the output channels of `prefixes` (q, k, v fused; gate and up fused)."""
+        weights = [n + ".weight" for n in prefixes]
+        bias = cat(*(n + ".bias" for n in prefixes)) if has_bias else None
+        if not prequantized:
+            return make_linear(cat(*weights), bias, quantization)
+        for name in weights:
+            if name not in tensors or name + SCALE_SUFFIX not in tensors:
+                raise UnsupportedModelError(f"engine directory is missing tensor {name!r} or its scale")
+        weight = torch.cat([tensors.pop(n).to(device) for n in weights])
+        scale = torch.cat([tensors.pop(n + SCALE_SUFFIX).to(device) for n in weights])
+        return prequantized_linear(weight, scale, bias, torch_dtype)
+
     layers = []
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
         attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
         mlp = [p + f"mlp.{n}_proj" for n in ("gate", "up")]
         linears = {
-            "qkv": make_linear(
-                cat(*(n + ".weight" for n in attn)),
-                cat(*(n + ".bias" for n in attn), required=args.qkv_bias),
-                quantization,
-            ),
-            "o": make_linear(
-                take(p + "self_attn.o_proj.weight"),
-                take(p + "self_attn.o_proj.bias", args.o_bias),
-                quantization,
-            ),
-            "gate_up": make_linear(
-                cat(*(n + ".weight" for n in mlp)),
-                cat(*(n + ".bias" for n in mlp), required=args.mlp_bias),
-                quantization,
-            ),
-            "down": make_linear(
-                take(p + "mlp.down_proj.weight"), take(p + "mlp.down_proj.bias", args.mlp_bias), quantization
-            ),
+            "qkv": linear(attn, args.qkv_bias),
+            "o": linear([p + "self_attn.o_proj"], args.o_bias),
+            "gate_up": linear(mlp, args.mlp_bias),
+            "down": linear([p + "mlp.down_proj"], args.mlp_bias),
         }
         norms = {
             "input": take(p + "input_layernorm.weight"),
@@ -93,10 +104,13 @@ def load_model(
         }
         layers.append(DecoderLayer(args, linears, norms))
     embed = take("model.embed_tokens.weight")
-    lm_weight = embed if args.tie_word_embeddings else take("lm_head.weight", required=False)
-    if lm_weight is None:  # some checkpoints tie without saying so
-        lm_weight = embed
-    lm_head = make_linear(lm_weight, None, quantization)
+    if prequantized:  # the engine directory stores the head quantized, tied or not
+        lm_head = linear(["lm_head"], False)
+    else:
+        lm_weight = embed if args.tie_word_embeddings else take("lm_head.weight", required=False)
+        if lm_weight is None:  # some checkpoints tie without saying so
+            lm_weight = embed
+        lm_head = make_linear(lm_weight, None, quantization)
     hf_config = AutoConfig.from_pretrained(path)
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[args.rope_type](hf_config, device)
     model = LlamaModel(args, embed, layers, take("model.norm.weight"), lm_head, inv_freq, attention_scaling)

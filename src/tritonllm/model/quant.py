@@ -42,18 +42,33 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W ~= scale[:, None] * W_int8: int8 weights, one fp32 scale per output channel (symmetric, absmax)."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W ~= scale[:, None] * W_fp8: e4m3 weights and one fp32 scale per output channel."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+    return (w / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+QUANTIZERS = {"int8_wo": quantize_int8, "fp8": quantize_fp8}
+
+
 class Int8Linear(nn.Module):
-    """W ~= scale[:, None] * W_int8, one scale per output channel (symmetric, absmax).
+    """y = x (scale[:, None] * W_int8)^T + b.
 
     The CPU kernel is fast with bf16 activations (3x fp32 at batch 1 here) and slow with fp32 ones,
     so activations go through it in bf16 and come back in the compute dtype.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        w = weight.float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("weight", weight)
         self.register_buffer("scale", scale.to(torch.bfloat16))
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
@@ -64,6 +79,10 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+    return Int8Linear(*quantize_int8(weight), bias)
+
+
 def fp8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
     """Weights rounded to FP8 (e4m3, one scale per output channel), then expanded for compute.
 
@@ -71,14 +90,26 @@ def fp8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear
     fp32 in every step cost ~15 ns an element (2-3 s a step for SmolLM2), so the expansion happens
     once at load. The accuracy is FP8's; the speed and memory are the compute dtype's.
     """
-    w = weight.float()
-    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
-    w = (w / scale).to(torch.float8_e4m3fn).float() * scale
-    return Linear(w.to(weight.dtype), bias)
+    return Linear(expand_fp8(*quantize_fp8(weight), weight.dtype), bias)
 
 
-LINEAR_TYPES = {"none": Linear, "int8_wo": Int8Linear, "fp8": fp8_linear}
+def expand_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (weight.float() * scale.float()[:, None]).to(dtype)
+
+
+LINEAR_TYPES = {"none": Linear, "int8_wo": int8_linear, "fp8": fp8_linear}
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str) -> nn.Module:
     return LINEAR_TYPES[quantization](weight, bias)
+
+
+def prequantized_linear(
+    weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+) -> nn.Module:
+    """A linear over weights quantized ahead of time (an engine directory), by their storage dtype."""
+    if weight.dtype == torch.int8:
+        return Int8Linear(weight, scale, bias)
+    if weight.dtype == torch.float8_e4m3fn:
+        return Linear(expand_fp8(weight, scale, dtype), bias)
+    raise ValueError(f"no pre-quantized linear for weights of dtype {weight.dtype}")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonllm.build.engine_dir import engine_defaults
 from tritonllm.engine.config import EngineConfig
 from tritonllm.triton import tensors
 from tritonllm.triton.bridge import EngineBridge, Outputs
@@ -245,7 +246,11 @@ class PostprocessingModel:
 
 
 def engine_config(params: dict[str, str]) -> EngineConfig:
-    """EngineConfig from the `tensorrt_llm` model's config.pbtxt parameters (empty values: defaults)."""
+    """EngineConfig from the `tensorrt_llm` model's config.pbtxt parameters.
+
+    `engine_dir` is a HF checkpoint or an engine directory from `build_engines/build.py`, whose limits
+    (and quantization) fill the parameters left empty; the engine's own defaults fill the rest.
+    """
     ints = (
         "tokens_per_block",
         "num_kv_blocks",
@@ -257,7 +262,7 @@ def engine_config(params: dict[str, str]) -> EngineConfig:
         "num_threads",
         "seed",
     )
-    kwargs: dict[str, Any] = {"model": params["engine_dir"]}
+    kwargs: dict[str, Any] = {"model": params["engine_dir"], **engine_defaults(params["engine_dir"])}
     for name in ints:
         if params.get(name, "").strip():
             kwargs[name] = int(params[name])

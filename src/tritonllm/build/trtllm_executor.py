@@ -1,0 +1,358 @@
+"""A TensorRT-LLM engine behind `ServingEngine`'s interface (submit / cancel / stats / shutdown).
+
+TensorRT-LLM's executor (`tensorrt_llm.bindings.executor`, 1.2.x) does the in-flight batching, the paged
+KV cache with block reuse and the scheduling; this adapter only maps our requests, outputs and statistics
+onto it, so the Triton bridge and the metrics work unchanged. It cannot run without a GPU: the mapping is
+unit tested against a fake module, the rest is unverified here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tritonllm.build.engine_dir import read_build_info
+from tritonllm.engine.errors import EngineBusyError, EngineDeadError, EngineError, InvalidRequestError
+from tritonllm.engine.llm_engine import EngineStats, RequestOutput
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sequence import FinishReason
+from tritonllm.engine.serving import RequestStream
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_POLICIES = ("guaranteed_no_evict", "max_utilization")
+# TensorRT-LLM's FinishReason names -> ours.
+FINISH_REASONS = {
+    "END_ID": FinishReason.STOP,
+    "STOP_WORDS": FinishReason.STOP,
+    "LENGTH": FinishReason.LENGTH,
+    "TIMED_OUT": FinishReason.TIMEOUT,
+    "CANCELLED": FinishReason.ABORT,
+}
+
+
+def executor_module() -> ModuleType:
+    """`tensorrt_llm.bindings.executor`, after checking for TensorRT-LLM 1.2.x and a GPU."""
+    from tritonllm.build.options import require_tensorrt_llm
+
+    require_tensorrt_llm()
+    import tensorrt_llm.bindings.executor as trtllm
+
+    return trtllm
+
+
+@dataclass
+class ExecutorSettings:
+    """Runtime settings of the executor (the engine's shapes are fixed at build time)."""
+
+    max_seq_len: int
+    max_input_len: int
+    tokens_per_block: int
+    eos_token_ids: tuple[int, ...] = ()
+    free_gpu_memory_fraction: float = 0.9
+    enable_block_reuse: bool = True
+    enable_chunked_context: bool = True
+    scheduler_policy: str = "guaranteed_no_evict"
+    max_waiting: int = 256
+    poll_interval_s: float = 0.005
+    stats_interval_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.free_gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"free_gpu_memory_fraction must be in (0, 1], got {self.free_gpu_memory_fraction}"
+            )
+        if self.scheduler_policy not in SCHEDULER_POLICIES:
+            raise ValueError(
+                f"scheduler_policy must be one of {SCHEDULER_POLICIES}, got {self.scheduler_policy!r}"
+            )
+        if self.max_waiting <= 0:
+            raise ValueError(f"max_waiting must be positive, got {self.max_waiting}")
+
+    @classmethod
+    def from_engine_dir(cls, engine_dir: str | Path, **overrides: Any) -> ExecutorSettings:
+        info = read_build_info(engine_dir)
+        if info is None or info["backend"] != "tensorrt_llm":
+            raise ValueError(
+                f"{engine_dir} is not a TensorRT-LLM engine directory from build_engines/build.py"
+            )
+        limits = info["limits"]
+        gen = Path(engine_dir) / "generation_config.json"
+        eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        values = dict(
+            max_seq_len=limits["max_seq_len"],
+            max_input_len=limits["max_input_len"],
+            tokens_per_block=limits["tokens_per_block"],
+            eos_token_ids=eos_ids,
+        )
+        return cls(**{**values, **overrides})
+
+
+def executor_config(trtllm: ModuleType, settings: ExecutorSettings) -> Any:
+    policy = getattr(trtllm.CapacitySchedulerPolicy, settings.scheduler_policy.upper())
+    return trtllm.ExecutorConfig(
+        max_beam_width=1,
+        scheduler_config=trtllm.SchedulerConfig(policy),
+        kv_cache_config=trtllm.KvCacheConfig(
+            free_gpu_memory_fraction=settings.free_gpu_memory_fraction,
+            enable_block_reuse=settings.enable_block_reuse,
+        ),
+        enable_chunked_context=settings.enable_chunked_context,
+        max_queue_size=settings.max_waiting,
+    )
+
+
+def executor_request(
+    trtllm: ModuleType, prompt: list[int], params: SamplingParams, eos_ids: tuple[int, ...]
+) -> Any:
+    """Our request -> `trtllm.Request` (streamed, new tokens only)."""
+    sampling = {
+        "top_k": 1 if params.greedy else (params.top_k or None),
+        "top_p": None if params.greedy or params.top_p == 1.0 else params.top_p,
+        "temperature": None if params.greedy else params.temperature,
+        "seed": params.seed,
+        "min_tokens": params.min_tokens or None,
+        "repetition_penalty": None if params.repetition_penalty == 1.0 else params.repetition_penalty,
+        "presence_penalty": params.presence_penalty or None,
+        "frequency_penalty": params.frequency_penalty or None,
+    }
+    if params.ignore_eos:
+        end_id = -1  # TensorRT-LLM: no end token
+    else:
+        end_id = params.end_id if params.end_id is not None else (eos_ids[0] if eos_ids else None)
+    return trtllm.Request(
+        input_token_ids=prompt,
+        max_tokens=params.max_tokens,
+        streaming=True,
+        sampling_config=trtllm.SamplingConfig(
+            beam_width=1, **{k: v for k, v in sampling.items() if v is not None}
+        ),
+        output_config=trtllm.OutputConfig(return_log_probs=params.logprobs, exclude_input_from_output=True),
+        end_id=end_id,
+        stop_words=params.stop_token_ids or None,
+        bad_words=params.bad_token_ids or None,
+    )
+
+
+@dataclass
+class _Live:
+    request_id: str
+    executor_id: int
+    prompt_len: int
+    stream: RequestStream
+    deadline: float | None
+    arrival_ns: int = field(default_factory=time.time_ns)
+    num_output: int = 0
+    first_token_ns: int = 0
+    timed_out: bool = False
+
+
+class TrtllmEngine:
+    """`ServingEngine`'s interface over `tensorrt_llm.bindings.executor.Executor`."""
+
+    def __init__(self, engine_dir: str | Path, settings: ExecutorSettings, trtllm: ModuleType | None = None):
+        self._trt = trtllm or executor_module()
+        self.settings = settings
+        self.tokens_per_block = settings.tokens_per_block
+        self.executor = self._trt.Executor(
+            str(engine_dir), self._trt.ModelType.DECODER_ONLY, executor_config(self._trt, settings)
+        )
+        self._lock = threading.Lock()
+        self._live: dict[int, _Live] = {}
+        self._ids: dict[str, int] = {}
+        self._counters = {"prompt_tokens": 0, "generated_tokens": 0}
+        self._finished: dict[str, int] = {}
+        self._stats = self._stats_from(None)
+        self._stopping = threading.Event()
+        self._closing = threading.Event()
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tritonllm-trtllm", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        on_output: Callable[[RequestOutput], None] | None = None,
+    ) -> RequestStream:
+        """Queue a request (priority is not mapped: the executor schedules first come, first served)."""
+        params = params or SamplingParams()
+        self._validate(prompt_token_ids, params)
+        stream = RequestStream(request_id, params.max_tokens + 2, on_output)
+        with self._lock:
+            if self._dead is not None or self._stopping.is_set():
+                raise EngineDeadError(f"engine is not running: {self._dead or 'shutting down'}")
+            if request_id in self._ids:
+                raise EngineError(f"request_id {request_id!r} is already in flight")
+            if self._stats.num_waiting >= self.settings.max_waiting:
+                raise EngineBusyError(f"server busy: {self.settings.max_waiting} requests already waiting")
+            request = executor_request(self._trt, prompt_token_ids, params, self.settings.eos_token_ids)
+            executor_id = self.executor.enqueue_request(request)
+            deadline = time.monotonic() + timeout_s if timeout_s else None
+            self._live[executor_id] = _Live(request_id, executor_id, len(prompt_token_ids), stream, deadline)
+            self._ids[request_id] = executor_id
+        return stream
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise InvalidRequestError("input_ids", "the prompt is empty")
+        if len(prompt) > self.settings.max_input_len:
+            raise InvalidRequestError(
+                "input_ids",
+                f"{len(prompt)} tokens exceed the engine's max_input_len={self.settings.max_input_len}",
+            )
+        if len(prompt) + params.max_tokens > self.settings.max_seq_len:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) exceed the engine's "
+                f"max_seq_len={self.settings.max_seq_len}",
+            )
+
+    def cancel(self, request_id: str) -> bool:
+        with self._lock:
+            executor_id = self._ids.get(request_id)
+        if executor_id is None:
+            return False
+        self.executor.cancel_request(executor_id)
+        return True
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._live)
+
+    def shutdown(self, drain_timeout_s: float = 0.0, join_timeout_s: float = 30.0) -> None:
+        """Let in-flight requests finish for up to `drain_timeout_s`, cancel the rest, stop the executor."""
+        deadline = time.monotonic() + drain_timeout_s
+        with self._lock:
+            self._stopping.set()
+        while self._live and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(self.settings.poll_interval_s)
+        for request_id in list(self._ids):
+            self.cancel(request_id)
+        cancel_deadline = time.monotonic() + 5.0
+        while self._live and time.monotonic() < cancel_deadline and self._thread.is_alive():
+            time.sleep(self.settings.poll_interval_s)
+        self._closing.set()
+        self._thread.join(join_timeout_s)
+        self.executor.shutdown()
+        for live in list(self._live.values()):  # the executor never answered them
+            self._finish(live, EngineDeadError("the engine stopped"))
+
+    # The response thread.
+
+    def _run(self) -> None:
+        timeout = datetime.timedelta(seconds=self.settings.poll_interval_s)
+        next_stats = 0.0
+        try:
+            while not self._closing.is_set():
+                for response in self.executor.await_responses(timeout=timeout):
+                    self._on_response(response)
+                now = time.monotonic()
+                for live in [lv for lv in list(self._live.values()) if lv.deadline and lv.deadline <= now]:
+                    live.deadline, live.timed_out = None, True
+                    self.executor.cancel_request(live.executor_id)  # answered as CANCELLED
+                if now >= next_stats:
+                    self._stats = self._stats_from(self.executor.get_latest_iteration_stats())
+                    next_stats = now + self.settings.stats_interval_s
+        except BaseException as exc:  # noqa: BLE001 -- every stream must learn the engine died
+            log.exception("TensorRT-LLM response loop died")
+            self._dead = exc
+            for live in list(self._live.values()):
+                self._finish(live, EngineDeadError(f"engine loop died: {exc}"))
+
+    def _on_response(self, response: Any) -> None:
+        live = self._live.get(response.request_id)
+        if live is None:
+            return
+        if response.has_error():
+            self._finish(live, EngineError(response.error_msg))
+            return
+        result = response.result
+        tokens = list(result.output_token_ids[0])
+        now = time.time_ns()
+        if tokens and not live.first_token_ns:
+            live.first_token_ns = now
+        live.num_output += len(tokens)
+        self._counters["generated_tokens"] += len(tokens)
+        log_probs = list(result.log_probs[0])[-len(tokens) :] if tokens and result.log_probs else []
+        reason = None
+        if result.is_final:
+            name = result.finish_reasons[0].name
+            reason = FINISH_REASONS.get(name, FinishReason.STOP)
+            if reason == FinishReason.ABORT and live.timed_out:
+                reason = FinishReason.TIMEOUT
+        out = RequestOutput(
+            request_id=live.request_id,
+            new_token_ids=tokens,
+            new_logprobs=log_probs or [None] * len(tokens),
+            finished=bool(result.is_final),
+            finish_reason=reason,
+            num_prompt_tokens=live.prompt_len,
+            num_output_tokens=live.num_output,
+            num_cached_tokens=0,
+            arrival_time_ns=live.arrival_ns,
+            first_scheduled_time_ns=live.first_token_ns,
+            first_token_time_ns=live.first_token_ns,
+            last_token_time_ns=now,
+        )
+        if out.finished:
+            self._finish(live, out)
+        else:
+            live.stream._deliver(out)
+
+    def _finish(self, live: _Live, item: RequestOutput | BaseException) -> None:
+        with self._lock:
+            if self._live.pop(live.executor_id, None) is None:
+                return
+            self._ids.pop(live.request_id, None)
+        if isinstance(item, RequestOutput) and item.finish_reason is not None:
+            key = item.finish_reason.value
+            self._finished[key] = self._finished.get(key, 0) + 1
+        live.stream._deliver(item)
+
+    def _stats_from(self, iterations: list[Any] | None) -> EngineStats:
+        """EngineStats from the latest `IterationStats` (counters summed over every iteration seen)."""
+        latest = iterations[-1] if iterations else None
+        for it in iterations or []:
+            ifb = getattr(it, "inflight_batching_stats", None)
+            if ifb is not None:
+                self._counters["prompt_tokens"] += ifb.num_ctx_tokens
+        if latest is None:
+            previous = getattr(self, "_stats", None)
+            if previous is not None:
+                return previous
+            return EngineStats(0, 0, 0, 0, 0, self.tokens_per_block, 0, 0, 0, 0, 0, 0, {})
+        kv = latest.kv_cache_stats
+        ifb = latest.inflight_batching_stats
+        running = ifb.num_scheduled_requests if ifb is not None else latest.num_active_requests
+        tpb = kv.tokens_per_block or self.tokens_per_block
+        return EngineStats(
+            num_running=running,
+            num_waiting=latest.num_queued_requests + max(0, latest.num_active_requests - running),
+            kv_blocks_total=kv.max_num_blocks,
+            kv_blocks_used=kv.used_num_blocks,
+            kv_blocks_free=kv.free_num_blocks,
+            tokens_per_block=tpb,
+            kv_tokens_stored=kv.used_num_blocks * tpb,
+            prefix_hit_tokens=kv.reused_blocks * tpb,
+            prefix_queried_tokens=(kv.reused_blocks + kv.missed_blocks) * tpb,
+            num_preemptions=0,
+            prompt_tokens=self._counters["prompt_tokens"],
+            generated_tokens=self._counters["generated_tokens"],
+            finished=dict(self._finished),
+        )
