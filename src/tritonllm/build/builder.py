@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tritonllm.build import options as build_options
 from tritonllm.build import torch_engine
 from tritonllm.build.checkpoint import TOKENIZER_FILES, checkpoint_sha256, validate_checkpoint
 from tritonllm.build.engine_dir import BUILD_KEY, FORMAT_VERSION, read_build_info
@@ -36,13 +37,12 @@ def check_output(out: Path, force: bool) -> None:
 
 
 def versions(backend: str) -> dict[str, str]:
-    packages = ["tritonllm", "torch", "transformers"] + (
-        ["tensorrt_llm"] if backend == "tensorrt_llm" else []
-    )
     found = {}
-    for name in packages:
+    for name in ("tritonllm", "torch", "transformers"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[name] = importlib.metadata.version(name)
+    if backend == "tensorrt_llm":
+        found["tensorrt_llm"] = build_options.tensorrt_llm_version() or "unknown"
     return found
 
 
