@@ -12,6 +12,7 @@ Protocol = Literal["grpc", "http"]
 PROTOCOLS: tuple[str, ...] = ("grpc", "http")
 DEFAULT_URLS = {"grpc": "localhost:8001", "http": "localhost:8000"}
 UINT64_MAX = 2**64 - 1
+INT32_MAX = 2**31 - 1
 
 
 def _check(condition: bool, name: str, message: str) -> None:
@@ -44,9 +45,10 @@ class SamplingOptions:
     return_log_probs: bool = False
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an int >= 1")
+        _check(isinstance(self.max_tokens, int), "max_tokens", "must be an int")
+        _check_range("max_tokens", self.max_tokens, 1, INT32_MAX)
         _check_range("temperature", self.temperature, 0.0)
-        _check_range("top_k", self.top_k, 0)
+        _check_range("top_k", self.top_k, 0, INT32_MAX)
         _check_range("top_p", self.top_p, 0.0, 1.0)
         if self.repetition_penalty is not None:
             _check(self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
@@ -54,7 +56,7 @@ class SamplingOptions:
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_range("min_tokens", self.min_tokens, 0, self.max_tokens)
         _check_range("seed", self.seed, 0, UINT64_MAX)
-        _check_range("end_id", self.end_id, 0)
+        _check_range("end_id", self.end_id, 0, INT32_MAX)
         _check(
             all(isinstance(w, str) and w for w in self.stop_words), "stop_words", "must be non-empty strings"
         )

@@ -50,7 +50,7 @@ def retrying(policy: RetryPolicy) -> AsyncRetrying:
         retry=retry_if_exception_type(RETRYABLE_ERRORS),
         stop=stop_after_attempt(policy.attempts),
         wait=wait_exponential_jitter(
-            initial=policy.initial_backoff_s, max=policy.max_backoff_s, jitter=policy.jitter_s
+            multiplier=policy.initial_backoff_s, max=policy.max_backoff_s, jitter=policy.jitter_s
         ),
         reraise=True,
     )

@@ -1,0 +1,63 @@
+"""The client-side rate limiter against the real server: throughput, token units, deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tritonllm_client import (
+    AsyncClient,
+    Client,
+    InvalidOptionError,
+    RateLimit,
+    RateLimitTimeoutError,
+    SamplingOptions,
+)
+
+from tritonllm.triton.launcher import TritonServer
+
+RATE = 20.0
+SECONDS = 3.0
+
+
+async def _throughput(server: TritonServer, limit: RateLimit, max_tokens: int) -> float:
+    """Requests admitted per second after the initial burst, with more callers than the rate allows."""
+    count = int(RATE * SECONDS) + 1
+    options = SamplingOptions(max_tokens=max_tokens)
+    async with AsyncClient(url=server.grpc_url, max_concurrency=16, rate_limit=limit) as client:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(client.generate(f"prompt {i}", options) for i in range(count)))
+        elapsed = time.perf_counter() - started
+    assert all(r.output_tokens == max_tokens for r in results)
+    burst_requests = limit.burst if limit.unit == "requests" else limit.burst // max_tokens
+    return (count - burst_requests) / elapsed
+
+
+@pytest.mark.parametrize(
+    ("limit", "max_tokens"),
+    [
+        (RateLimit(rate=RATE, burst=1), 1),
+        (RateLimit(rate=RATE * 4, burst=4, unit="tokens"), 4),  # 4 tokens per request: RATE requests/s
+    ],
+    ids=["requests", "tokens"],
+)
+def test_rate_limiter_throughput_within_10_percent(
+    triton_server: TritonServer, limit: RateLimit, max_tokens: int
+) -> None:
+    measured = asyncio.run(_throughput(triton_server, limit, max_tokens))
+    assert abs(measured - RATE) / RATE < 0.10, f"{measured:.2f} requests/s for a limit of {RATE}"
+
+
+def test_rate_limiter_deadline_and_impossible_requests(triton_server: TritonServer) -> None:
+    limit = RateLimit(rate=0.5, burst=1, timeout_s=0.3)
+    with Client(url=triton_server.grpc_url, rate_limit=limit) as client:
+        client.generate("first", SamplingOptions(max_tokens=1))  # takes the only token
+        started = time.monotonic()
+        with pytest.raises(RateLimitTimeoutError, match=r"did not admit the request within 0.3 s"):
+            client.generate("second", SamplingOptions(max_tokens=1))
+        assert 0.25 < time.monotonic() - started < 2.0
+    tokens = RateLimit(rate=100, burst=8, unit="tokens")
+    too_big = pytest.raises(InvalidOptionError, match="exceeds the rate limiter's burst")
+    with Client(url=triton_server.grpc_url, rate_limit=tokens) as client, too_big:
+        client.generate("too big", SamplingOptions(max_tokens=9))
