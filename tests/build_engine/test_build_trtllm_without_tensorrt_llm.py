@@ -24,7 +24,7 @@ from tritonllm.build import options, trtllm_build
 from tritonllm.build.builder import build
 from tritonllm.build.engine_dir import engine_backend, engine_defaults, read_build_info
 from tritonllm.build.options import BuildOptions, Limits
-from tritonllm.build.trtllm_executor import ExecutorSettings, TrtllmEngine
+from tritonllm.build.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
 from tritonllm.engine.errors import InvalidRequestError
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
@@ -141,27 +141,32 @@ def test_missing_quantize_script_is_named_without_tensorrt_llm(monkeypatch: pyte
         trtllm_build.quantize_script()
 
 
-def test_engine_dir_of_a_trtllm_build_without_tensorrt_llm(
-    trtllm_present: None, monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path, tmp_path: Path
-) -> None:
-    """The two tools are replaced by stand-ins writing what they would: TRT-LLM's config.json and a plan."""
+@pytest.fixture
+def fake_tools(trtllm_present: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """quantize.py and trtllm-build replaced by stand-ins that write what they would: checkpoint, plan."""
     script = tmp_path / "quantize.py"
     script.write_text("")
     monkeypatch.setenv(trtllm_build.QUANTIZE_SCRIPT_ENV, str(script))
     steps: list[str] = []
 
-    def fake_run(cmd: list[str], step: str) -> None:
+    def run(cmd: list[str], step: str) -> None:
         steps.append(step)
+        out = Path(cmd[cmd.index("--output_dir") + 1])
         if step == "quantize":
-            Path(cmd[cmd.index("--output_dir") + 1]).mkdir()
+            out.mkdir()
         else:
-            dest = Path(cmd[cmd.index("--output_dir") + 1])
-            (dest / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": {}}))
-            (dest / "rank0.engine").write_bytes(b"plan")
+            (out / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": {}}))
+            (out / "rank0.engine").write_bytes(b"plan")
 
-    monkeypatch.setattr(trtllm_build, "run", fake_run)
+    monkeypatch.setattr(trtllm_build, "run", run)
+    return steps
+
+
+def test_engine_dir_of_a_trtllm_build_without_tensorrt_llm(
+    fake_tools: list[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
     out = build(trt_options(tiny_llama_dir, tmp_path / "engine", quantization="fp8", kv_cache_dtype="fp8"))
-    assert steps == ["quantize", "trtllm-build"]
+    assert fake_tools == ["quantize", "trtllm-build"]
     config = json.loads((out / "config.json").read_text())
     assert config["version"] == "1.2.1"  # TensorRT-LLM's own config is kept
     info = read_build_info(out)
@@ -369,3 +374,30 @@ def test_shutdown_stops_the_executor_without_tensorrt_llm(engine: TrtllmEngine) 
     engine.shutdown(drain_timeout_s=0.0)
     assert engine.executor.is_shut_down
     assert list(stream.outputs(timeout_s=WAIT_S))[-1].finish_reason == FinishReason.ABORT
+
+
+def test_executor_settings_from_model_parameters_without_tensorrt_llm(
+    fake_tools: list[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    out = build(trt_options(tiny_llama_dir, tmp_path / "engine", max_seq_len=256))
+    params = {
+        "kv_cache_free_gpu_mem_fraction": "0.5",
+        "enable_kv_cache_reuse": "false",
+        "batch_scheduler_policy": "max_utilization",
+        "max_waiting": "",
+    }
+    settings = settings_from_parameters(out, params)
+    assert (settings.free_gpu_memory_fraction, settings.enable_block_reuse, settings.scheduler_policy) == (
+        0.5,
+        False,
+        "max_utilization",
+    )
+    assert (
+        settings.max_waiting,
+        settings.max_seq_len,
+        settings.max_input_len,
+        settings.tokens_per_block,
+    ) == (256, 256, 128, 32)
+    assert settings.eos_token_ids == (2,)
+    with pytest.raises(ValueError, match="scheduler_policy must be one of"):
+        settings_from_parameters(out, {"batch_scheduler_policy": "fifo"})

@@ -97,6 +97,24 @@ class ExecutorSettings:
         return cls(**{**values, **overrides})
 
 
+# `tensorrt_llm` model parameters (config.pbtxt, NVIDIA's names) -> ExecutorSettings fields.
+PARAMETERS = {
+    "kv_cache_free_gpu_mem_fraction": ("free_gpu_memory_fraction", float),
+    "enable_kv_cache_reuse": ("enable_block_reuse", lambda v: v.strip().lower() == "true"),
+    "enable_chunked_context": ("enable_chunked_context", lambda v: v.strip().lower() == "true"),
+    "batch_scheduler_policy": ("scheduler_policy", str.strip),
+    "max_waiting": ("max_waiting", int),
+}
+
+
+def settings_from_parameters(engine_dir: str | Path, params: dict[str, str]) -> ExecutorSettings:
+    """Executor settings from the model's parameters; empty or absent ones keep the defaults."""
+    overrides = {
+        field: parse(params[key]) for key, (field, parse) in PARAMETERS.items() if params.get(key, "").strip()
+    }
+    return ExecutorSettings.from_engine_dir(engine_dir, **overrides)
+
+
 def executor_config(trtllm: ModuleType, settings: ExecutorSettings) -> Any:
     policy = getattr(trtllm.CapacitySchedulerPolicy, settings.scheduler_policy.upper())
     return trtllm.ExecutorConfig(

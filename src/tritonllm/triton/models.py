@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonllm.build.engine_dir import engine_defaults
+from tritonllm.build.engine_dir import engine_backend, engine_defaults
 from tritonllm.engine.config import EngineConfig
 from tritonllm.triton import tensors
 from tritonllm.triton.bridge import EngineBridge, Outputs
@@ -288,7 +288,14 @@ class EngineModel:
             os.environ["TRITONLLM_DISABLE_KERNELS"] = "1"
         from tritonllm.triton.metrics import MetricsReporter
 
-        self.bridge = EngineBridge(engine_config(params))
+        config = engine_config(params)
+        if engine_backend(config.model) == "tensorrt_llm":  # an engine dir built by TensorRT-LLM
+            from tritonllm.build.trtllm_executor import TrtllmEngine, settings_from_parameters
+
+            engine = TrtllmEngine(config.model, settings_from_parameters(config.model, params))
+            self.bridge = EngineBridge(config, engine=engine)
+        else:
+            self.bridge = EngineBridge(config)
         self.metrics = MetricsReporter(self.pb, self.bridge.engine, labels={"model": args["model_name"]})
         self.bridge._on_finished = self.metrics.record_finished
         self.bridge._on_rejected = self.metrics.record_rejected
