@@ -7,6 +7,7 @@ compose plugin is installed).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -137,3 +138,17 @@ def test_compose_file_structure() -> None:
                 assert source in declared, f"{name}: volume {source} not declared"
     for image in (services[n]["image"] for n in ("lb", "prometheus", "grafana")):
         assert re.fullmatch(r"[\w./-]+:[\w.-]*\d[\w.-]*", image), f"{image} is not pinned to a version"
+
+
+def test_locust_services_use_the_load_tests_locustfile_and_options() -> None:
+    """The compose commands name a locustfile the CPU image holds and only `--llm-*` options it defines."""
+    # Read, not imported: importing Locust monkey-patches the whole test process with gevent.
+    package = importlib.util.find_spec("tritonllm_loadtest").submodule_search_locations[0]
+    defined = set(re.findall(r'add\("(--llm-[a-z-]+)"', (Path(package) / "locust_plugin.py").read_text()))
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    for name in ("locust-master", "locust-worker"):
+        args = services[name]["command"].split()
+        locustfile = args[args.index("-f") + 1]
+        assert (REPO / locustfile.removeprefix("/opt/tritonllm/")).is_file(), locustfile
+        used = {arg for arg in args if arg.startswith("--llm-")}
+        assert used and used <= defined, used - defined
