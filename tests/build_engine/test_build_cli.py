@@ -16,7 +16,7 @@ from tritonllm.build.builder import build
 from tritonllm.build.cli import main
 from tritonllm.build.engine_dir import read_build_info
 from tritonllm.build.options import BuildError, BuildOptions
-from tritonllm.triton.launcher import MARKER, MODELS
+from tritonllm.triton.launcher import MARKER, MODELS, LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_PY = ROOT / "build_engines" / "build.py"
@@ -244,3 +244,19 @@ def test_model_repository_refuses_a_foreign_folder(tiny_llama_dir: Path, tmp_pat
             )
         )
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("http_port", 0, "http_port must be in 1..65535"),
+        ("max_batch_size", 0, "max_batch_size must be positive"),
+        ("tokens_per_block", -4, "tokens_per_block must be positive"),
+        ("quantization", "int8_sq", "quantization must be one of"),
+        ("dtype", "float64", "dtype must be one of"),
+    ],
+)
+def test_launch_options_are_validated(field: str, value: object, message: str) -> None:
+    """--model-repository fills the templates from LaunchOptions, validated at construction."""
+    with pytest.raises(ValueError, match=message):
+        LaunchOptions(model="m", **{field: value})

@@ -76,6 +76,30 @@ class LaunchOptions:
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     log_verbose: int = 0
 
+    def __post_init__(self) -> None:
+        """Reject values the templates would carry into a config Triton or the engine refuses later."""
+        from tritonllm.engine.config import DTYPES, QUANTIZATIONS
+
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            if not 0 < getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be in 1..65535, got {getattr(self, name)}")
+        for name in ("max_batch_size", "preprocessing_instances"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        engine_limits = ("max_num_seqs", "max_waiting", "num_kv_blocks", "tokens_per_block")
+        for name in (*engine_limits, "max_num_batched_tokens", "max_model_len", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.drain_timeout_s < 0 or self.exit_timeout_s < 0:
+            raise ValueError("drain_timeout_s and exit_timeout_s must be >= 0")
+        if self.restrict_admin and not self.admin_key:
+            raise ValueError("admin_key must not be empty while the admin APIs are restricted")
+
     def template_values(self) -> dict[str, str]:
         values = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
         values["engine_dir"] = str(Path(self.model).resolve())
