@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -189,7 +189,7 @@ class TrtllmEngine:
         self._ids: dict[str, int] = {}
         self._counters = {"prompt_tokens": 0, "generated_tokens": 0}
         self._finished: dict[str, int] = {}
-        self._stats = self._stats_from(None)
+        self._stats = EngineStats(0, 0, 0, 0, 0, self.tokens_per_block, 0, 0, 0, 0, 0, 0, {})
         self._stopping = threading.Event()
         self._closing = threading.Event()
         self._dead: BaseException | None = None
@@ -294,7 +294,8 @@ class TrtllmEngine:
                 self._finish(live, EngineDeadError(f"engine loop died: {exc}"))
 
     def _on_response(self, response: Any) -> None:
-        live = self._live.get(response.request_id)
+        with self._lock:  # submit() registers the request under the lock it enqueues it with
+            live = self._live.get(response.request_id)
         if live is None:
             return
         if response.has_error():
@@ -343,18 +344,18 @@ class TrtllmEngine:
             self._finished[key] = self._finished.get(key, 0) + 1
         live.stream._deliver(item)
 
-    def _stats_from(self, iterations: list[Any] | None) -> EngineStats:
+    def _stats_from(self, iterations: list[Any]) -> EngineStats:
         """EngineStats from the latest `IterationStats` (counters summed over every iteration seen)."""
-        latest = iterations[-1] if iterations else None
-        for it in iterations or []:
-            ifb = getattr(it, "inflight_batching_stats", None)
-            if ifb is not None:
-                self._counters["prompt_tokens"] += ifb.num_ctx_tokens
-        if latest is None:
-            previous = getattr(self, "_stats", None)
-            if previous is not None:
-                return previous
-            return EngineStats(0, 0, 0, 0, 0, self.tokens_per_block, 0, 0, 0, 0, 0, 0, {})
+        for it in iterations:
+            if it.inflight_batching_stats is not None:
+                self._counters["prompt_tokens"] += it.inflight_batching_stats.num_ctx_tokens
+        if not iterations:  # no iteration since the last poll: only the token counters moved
+            return replace(
+                self._stats,
+                generated_tokens=self._counters["generated_tokens"],
+                finished=dict(self._finished),
+            )
+        latest = iterations[-1]
         kv = latest.kv_cache_stats
         ifb = latest.inflight_batching_stats
         running = ifb.num_scheduled_requests if ifb is not None else latest.num_active_requests
