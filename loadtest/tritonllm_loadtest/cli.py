@@ -44,33 +44,31 @@ def locust_command(locustfile: Path, *args: str) -> list[str]:
 def run_session(args: argparse.Namespace, locust_args: list[str]) -> int:
     """Run Locust (locally, or a master and ``--workers`` local workers); returns the master's status."""
     out: Path = args.out
+    # In distributed mode each worker serves its metrics on this port + its worker index.
     common = ["--host", args.host, "--llm-record", str(out / "recording.json"), *locust_args]
+    common += ["--llm-metrics-port", str(args.metrics_port)]
     reports = ["--headless", "--csv", str(out / "locust"), "--html", str(out / "locust.html")]
     reports += ["--only-summary", "--exit-code-on-error", "0"]
     if args.workers == 0:
-        metrics = ["--llm-metrics-port", str(args.metrics_port)]
-        command = locust_command(args.locustfile, *reports, *common, *metrics)
+        command = locust_command(args.locustfile, *reports, *common)
         return subprocess.run(command, timeout=args.run_timeout).returncode
     port = free_port()
     master = locust_command(
-        args.locustfile, *reports, *common, "--llm-metrics-port", "0",
+        args.locustfile, *reports, *common,
         "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
         "--expect-workers", str(args.workers),
     )  # fmt: skip
-    workers = []
+    worker = locust_command(
+        args.locustfile, *common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port)
+    )
     master_process = subprocess.Popen(master)
+    workers = []
     try:
-        for index in range(args.workers):
-            metrics_port = args.metrics_port + index if args.metrics_port else 0
-            command = locust_command(
-                args.locustfile, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port),
-                *common, "--llm-metrics-port", str(metrics_port),
-            )  # fmt: skip
-            workers.append(subprocess.Popen(command))
+        workers = [subprocess.Popen(worker) for _ in range(args.workers)]
         code = master_process.wait(timeout=args.run_timeout)
         deadline = time.monotonic() + WORKER_EXIT_TIMEOUT_S
-        for worker in workers:
-            worker.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for process in workers:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
         return code
     finally:
         for process in [master_process, *workers]:
@@ -100,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--host", required=True, help="Triton HTTP base URL, e.g. http://127.0.0.1:8000")
     run.add_argument("--out", type=Path, required=True, help="output folder")
     run.add_argument("--workers", type=int, default=0, help="local Locust worker processes (0: one process)")
-    run.add_argument("--metrics-port", type=int, default=DEFAULT_PORT, help="Prometheus port (workers: +i)")
+    run.add_argument("--metrics-port", type=int, default=DEFAULT_PORT, help="Prometheus port (worker i: +i)")
     run.add_argument("--locustfile", type=Path, default=package_locustfile())
     run.add_argument("--run-timeout", type=float, default=3600.0, help="seconds before the session is killed")
     run.add_argument("--slo", action="append", default=[], help="METRIC<=X or METRIC>=X, repeatable")
@@ -133,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "recording.json").unlink(missing_ok=True)
-        code = run_session(args, extra)
+        try:
+            code = run_session(args, extra)
+        except subprocess.TimeoutExpired:
+            code = -1
         if code != 0 or not (args.out / "recording.json").is_file():
             print(f"tritonllm-loadtest: the Locust session failed (exit {code})", file=sys.stderr)
             return EXIT_LOCUST_FAILED
