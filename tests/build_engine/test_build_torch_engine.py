@@ -25,8 +25,8 @@ from tritonllm.triton.models import engine_config
 QUANTIZATIONS = ["none", "int8_wo", "fp8"]
 NUM_PROMPTS, MAX_NEW = 12, 16
 # Mean fraction of greedy tokens before the first divergence from unquantized HF, on the tiny random
-# Llama (measured 0.59 int8_wo and 0.33 fp8 with these prompts; random weights make near-ties common).
-MIN_AGREEMENT = {"int8_wo": 0.4, "fp8": 0.2}
+# Llama (measured 0.70 int8_wo and 0.46 fp8 with these prompts; random weights make near-ties common).
+MIN_AGREEMENT = {"int8_wo": 0.5, "fp8": 0.3}
 
 
 @pytest.fixture(scope="module")
