@@ -260,3 +260,15 @@ def test_launch_options_are_validated(field: str, value: object, message: str) -
     """--model-repository fills the templates from LaunchOptions, validated at construction."""
     with pytest.raises(ValueError, match=message):
         LaunchOptions(model="m", **{field: value})
+
+
+def test_engine_dir_of_another_format_is_named(
+    capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "engine"
+    out.mkdir()
+    (out / "config.json").write_text(
+        json.dumps({"tritonllm_build": {"format_version": 99, "backend": "torch"}})
+    )
+    err = error_of(capsys, ["--model", str(tiny_llama_dir), "--output", str(out)])
+    assert "was built with engine format 99, this tritonllm reads format 1: rebuild it" in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tritonllm.build.engine_dir import BACKENDS
+from tritonllm.build.engine_dir import BACKENDS, EngineDirError
 from tritonllm.build.options import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, BuildError, BuildOptions
 from tritonllm.model.args import UnsupportedModelError
 
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
-    return BuildOptions(**{k: v for k, v in vars(args).items()})
+    return BuildOptions(**vars(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         build(options_from_args(args))
-    except (BuildError, UnsupportedModelError, FileExistsError) as exc:
+    except (BuildError, EngineDirError, UnsupportedModelError, FileExistsError) as exc:
         print(f"build_engines/build.py: error: {exc}", file=sys.stderr)
         return 2
     return 0
