@@ -7,9 +7,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from client_test_helpers import CLI, run_cli, wait_for
-from tritonllm_client import Client, SamplingOptions
-from tritonllm_client.batch import JsonlLog, failed_path
+from tritonllm_client import Client, InvalidOptionError, SamplingOptions
+from tritonllm_client.batch import JsonlLog, failed_path, read_items
 
 from tritonllm.triton.launcher import TritonServer
 
@@ -92,9 +93,10 @@ def test_bad_input_file_fails_before_sending(tmp_path: Path) -> None:
     inputs.write_text('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n')
     duplicate = run_cli("batch", str(inputs), str(tmp_path / "out.jsonl"), "--url", "127.0.0.1:1")
     assert duplicate.returncode == 2 and "duplicate id '1'" in duplicate.stderr
-    inputs.write_text('{"text": "no prompt"}\n')
-    missing = run_cli("batch", str(inputs), str(tmp_path / "out.jsonl"), "--url", "127.0.0.1:1")
-    assert missing.returncode == 2 and 'string "prompt"' in missing.stderr
+    for text, error in (('{"text": "no prompt"}\n', 'string "prompt"'), ("{not json\n", "not JSON")):
+        inputs.write_text(text)
+        with pytest.raises(InvalidOptionError, match=error):
+            read_items(inputs)
 
 
 def test_torn_last_line_is_dropped_on_resume(tmp_path: Path) -> None:
