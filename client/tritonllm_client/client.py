@@ -43,9 +43,12 @@ class Generation:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Chunk]:
-        async for chunk in self._chunks:
-            yield chunk
-        self.result = self._builder.result()
+        try:
+            async for chunk in self._chunks:
+                yield chunk
+            self.result = self._builder.result()
+        finally:  # also when this iterator is closed or dropped early: cancel the request now
+            await self._chunks.aclose()  # type: ignore[attr-defined]
 
     async def aclose(self) -> None:
         """Stop early: cancels the request on the server."""

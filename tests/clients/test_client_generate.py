@@ -126,7 +126,7 @@ def test_abandoned_stream_is_cancelled_on_the_server(triton_server: TritonServer
         assert wait_for(lambda: metric(metrics, KV_USED) == 0, timeout_s=5)
 
 
-def test_async_task_cancel_and_timeout_cancel_on_the_server(triton_server: TritonServer) -> None:
+def test_async_cancel_aclose_and_timeout_cancel_on_the_server(triton_server: TritonServer) -> None:
     metrics = triton_server.metrics_url
     aborted = metric(metrics, ABORTED)
     long = SamplingOptions(max_tokens=500, min_tokens=500)
@@ -144,6 +144,10 @@ def test_async_task_cancel_and_timeout_cancel_on_the_server(triton_server: Trito
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            generation = c.stream(PROMPT, long)
+            await anext(aiter(generation))
+            await generation.aclose()
+            assert generation.result is None
         async with AsyncClient(
             url=triton_server.grpc_url, model="tensorrt_llm_bls", request_timeout_s=0.3
         ) as c:
@@ -151,7 +155,7 @@ def test_async_task_cancel_and_timeout_cancel_on_the_server(triton_server: Trito
                 await c.generate(PROMPT, long, stream=True)
 
     asyncio.run(main())
-    assert wait_for(lambda: metric(metrics, ABORTED) == aborted + 2, timeout_s=5)
+    assert wait_for(lambda: metric(metrics, ABORTED) == aborted + 3, timeout_s=5)
     assert wait_for(lambda: metric(metrics, KV_USED) == 0, timeout_s=5)
 
 
