@@ -115,9 +115,6 @@ class AsyncClient:
         }
         await self._bounded(self._slots.acquire(), deadline, "waiting for a concurrency slot")
         try:
-            if self.config.count_prompt_tokens:
-                count = self.transport.prompt_tokens(prompt, parameters)
-                builder.prompt_tokens = await self._bounded(count, deadline, "counting prompt tokens")
             pieces, first = await self._open(inputs, parameters, options, builder, deadline)
             try:
                 yield builder.add(first)
@@ -147,6 +144,11 @@ class AsyncClient:
                     await self._bounded(self.rate_limiter.acquire(options.max_tokens), deadline, "rate limit")
                 try:
                     with self.breaker.guard():
+                        if self.config.count_prompt_tokens and builder.prompt_tokens is None:
+                            count = self.transport.prompt_tokens(inputs["text_input"], parameters)
+                            builder.prompt_tokens = await self._bounded(
+                                count, deadline, "counting prompt tokens"
+                            )
                         builder.sent_s = time.perf_counter()
                         pieces = self.transport.generate(
                             self.config.model, inputs, parameters, builder.request_id
