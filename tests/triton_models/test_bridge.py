@@ -16,6 +16,13 @@ from tritonllm.triton.tensors import parse_engine_request
 WAIT_S = 60.0
 
 
+def wait_until(predicate, timeout_s: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return predicate()
+
+
 class FakeChannel:
     def __init__(self) -> None:
         self.responses: list[tuple[dict | None, str | None, bool]] = []
@@ -99,22 +106,21 @@ def test_invalid_request_gets_final_error_naming_tensor(bridge: EngineBridge) ->
 def test_client_cancellation_frees_blocks_within_a_step(bridge: EngineBridge) -> None:
     chan = FakeChannel()
     bridge.submit("long", request(list(range(60, 70)), 400, streaming=True), chan)
-    deadline = time.monotonic() + WAIT_S
-    while len(chan.responses) < 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    assert wait_until(lambda: len(chan.responses) >= 3)
     chan.cancelled = True
     assert chan.done.wait(5)
     assert len(chan.tokens()) < 400
-    time.sleep(0.05)  # stats are refreshed at the end of the step that aborted it
-    assert bridge.engine.stats().kv_blocks_used == 0
+    last, error, _ = chan.responses[-1]
+    assert error is None and last["finish_reason"].reshape(-1)[0] == "abort", "the last response says why"
+    # Stats are refreshed at the end of the step that aborted it.
+    assert wait_until(lambda: bridge.engine.stats().kv_blocks_used == 0, 5)
     assert bridge.finished[-1].output.finish_reason.value == "abort"
 
 
 def test_stop_input_cancels_by_triton_request_id(bridge: EngineBridge) -> None:
     chan, stopper = FakeChannel(), FakeChannel()
     bridge.submit("victim", request(list(range(70, 80)), 400, streaming=True), chan)
-    while not chan.responses:
-        time.sleep(0.005)
+    assert wait_until(lambda: bool(chan.responses))
     stop = parse_engine_request(
         {
             "input_ids": np.array([[1]], dtype=np.int32),

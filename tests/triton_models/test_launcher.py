@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import json
 import re
 import socket
 import threading
@@ -50,19 +50,19 @@ def test_backend_dir_and_command(tmp_path: Path) -> None:
     )
 
 
-def test_server_stops_cleanly_with_a_request_in_flight(tiny_llama_dir: Path, tmp_path: Path) -> None:
-    """SIGTERM with a streaming HTTP request open: the server is gone within the bound, stubs included.
+def test_server_rejects_when_busy_and_stops_cleanly(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """One small server (one running, one waiting request at most) for two checks:
 
-    Triton 2.51 stops delivering responses on shutdown and waits for open HTTP connections until
-    --exit-timeout-secs, then exits with status 1 ("Exit timeout expired"); idle, it exits with 0.
-    Runs before the session's shared server (test_server.py): one tritonserver at a time.
+    - a request beyond the queue gets a "busy" error at once while the others carry on;
+    - stopping it (as on SIGTERM) drains the engine first, so every open request, streamed or not,
+      gets its final response (finished or aborted), then the server exits with 0 within the bound
+      and no stub outlives it.
     """
     ports = []
     for _ in range(3):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    log_file = tmp_path / "tritonserver.log"
     options = LaunchOptions(
         model=str(tiny_llama_dir),
         http_port=ports[0],
@@ -71,45 +71,70 @@ def test_server_stops_cleanly_with_a_request_in_flight(tiny_llama_dir: Path, tmp
         num_kv_blocks=256,
         tokens_per_block=4,
         num_threads=1,
-        exit_timeout_s=3,
+        max_num_seqs=1,
+        max_waiting=1,
         drain_timeout_s=1,
+        # No C++ kernel build inside this short-lived server: killing a stub mid-build leaves torch's
+        # build lock behind, which blocks every later load of the kernel.
+        disable_kernels=True,
     )
-    # No C++ kernel build inside this short-lived server: killing a stub mid-build leaves torch's
-    # build lock behind, which blocks every later load of the kernel.
-    options.disable_kernels = True
-    server = TritonServer(options, log_file=log_file)
+    server = TritonServer(options, log_file=tmp_path / "tritonserver.log")
     server.start()
+    base = f"http://{server.http_url}/v2/models/tensorrt_llm_bls"
     try:
         server.wait_ready(180)
-        url = f"http://{server.http_url}/v2/models/tensorrt_llm_bls/generate_stream"
         body = {"text_input": "The quick brown fox", "max_tokens": 480, "min_tokens": 480, "stream": True}
-        events: list[bytes] = []
+        events: list[dict] = []
+        waiting: list[requests.Response] = []
 
-        def read() -> None:
-            with (
-                contextlib.suppress(requests.RequestException),
-                requests.post(url, json=body, stream=True, timeout=120) as response,
-            ):
-                events.extend(line for line in response.iter_lines() if line)
+        def stream() -> None:
+            with requests.post(f"{base}/generate_stream", json=body, stream=True, timeout=120) as response:
+                events.extend(json.loads(line[6:]) for line in response.iter_lines() if line)
 
-        reader = threading.Thread(target=read)
+        def queued() -> None:
+            waiting.append(
+                requests.post(f"{base}/generate", json={"text_input": "hi", "max_tokens": 4}, timeout=120)
+            )
+
+        reader = threading.Thread(target=stream)
         reader.start()
-        deadline = time.monotonic() + 60
-        while not events and reader.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert events, "the stream did not start"
+        assert wait_until(lambda: bool(events) or not reader.is_alive(), 60) and events, "the stream started"
+        second = threading.Thread(target=queued)
+        second.start()
+        assert wait_until(lambda: engine_gauge(server, "tritonllm_num_requests_waiting") >= 1, 30)
+        started = time.monotonic()
+        busy = requests.post(f"{base}/generate", json={"text_input": "hi", "max_tokens": 4}, timeout=60)
+        assert time.monotonic() - started < 10, "rejected at once"
+        # Triton 2.51's /generate answers every error a model sends with 400; the text says "busy".
+        assert busy.status_code == 400 and "server busy" in busy.json()["error"], busy.text
+        assert reader.is_alive() and second.is_alive(), "the others carry on"
+
         started = time.monotonic()
         pid = server.process.pid
         rc = server.stop()
         reader.join(30)
-        assert rc in (0, 1) and not reader.is_alive()
-        assert time.monotonic() - started < options.exit_timeout_s + options.drain_timeout_s + 15
+        second.join(30)
+        assert rc == 0
+        assert time.monotonic() - started < options.drain_timeout_s + options.exit_timeout_s + 15
+        assert events[-1].get("finish_reason") in ("abort", "length"), events[-1]
+        assert len(waiting) == 1 and waiting[0].status_code == 200, "the queued request got its answer"
+        assert waiting[0].json()["finish_reason"] in ("abort", "length")
     finally:
         server.stop()
-    deadline = time.monotonic() + 5  # SIGKILLed stubs may take a moment to go
-    while live_processes_in_group(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not live_processes_in_group(pid), "no stub outlived the server"
+    assert wait_until(lambda: not live_processes_in_group(pid), 5), "no stub outlived the server"
+
+
+def wait_until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def engine_gauge(server: TritonServer, name: str) -> float:
+    text = requests.get(server.metrics_url, timeout=10).text
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
 
 
 def live_processes_in_group(pgid: int) -> list[int]:

@@ -98,14 +98,21 @@ def grpc_input(name: str, value: Any) -> grpcclient.InferInput:
 class GrpcStream:
     """One gRPC stream for one generation (cancelling a stream cancels every request on it)."""
 
-    def __init__(self, server: TritonServer, model: str, inputs: dict[str, Any]):
+    def __init__(
+        self,
+        server: TritonServer,
+        model: str,
+        inputs: dict[str, Any],
+        request_id: str | None = None,
+        tensors: list[grpcclient.InferInput] = (),
+    ):
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.results: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
         self.client.async_stream_infer(
             model,
-            [grpc_input(k, v) for k, v in inputs.items()],
-            request_id=uuid.uuid4().hex,
+            [grpc_input(k, v) for k, v in inputs.items()] + list(tensors),
+            request_id=request_id or uuid.uuid4().hex,
             enable_empty_final_response=True,
         )
 
@@ -340,6 +347,38 @@ def test_bls_cancellation_frees_kv_blocks(triton_server: TritonServer) -> None:
         == aborted_before + 1,
         timeout_s=3,
     )
+
+
+def engine_stream(server: TritonServer, request_id: str, inputs: dict[str, Any]) -> GrpcStream:
+    """A request straight to `tensorrt_llm` (token ids in, NVIDIA's engine tensor names)."""
+    ids = np.array([[5, 6, 7, 8, 9]], dtype=np.int32)
+    input_ids = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
+    input_ids.set_data_from_numpy(ids)
+    return GrpcStream(server, "tensorrt_llm", inputs, request_id=request_id, tensors=[input_ids])
+
+
+def test_stop_input_cancels_the_request_with_that_id(triton_server: TritonServer) -> None:
+    """NVIDIA's `stop` input: a second request with the same id ends the first within a step."""
+    rid = f"stop-me-{uuid.uuid4().hex}"
+    long = {"input_lengths": 5, "request_output_len": 400, "min_tokens": 400, "streaming": True}
+    stream = engine_stream(triton_server, rid, long)
+    try:
+        assert len(list(stream.responses(limit=3))) == 3
+        stopper = engine_stream(
+            triton_server, rid, {"input_lengths": 5, "request_output_len": 1, "stop": True}
+        )
+        stop_replies = list(stopper.responses())
+        stopper.close()
+        assert all(err is None for _, err in stop_replies), stop_replies
+        started = time.monotonic()
+        rest = list(stream.responses())
+        assert time.monotonic() - started < 10
+        assert len(rest) < 400 - 3, "the request was cut short"
+        outputs, error = rest[-1]
+        assert error is None and outputs["finish_reason"].reshape(-1)[0] == b"abort", "the last says why"
+    finally:
+        stream.close()
+    assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] == 0, 3)
 
 
 def test_metrics_have_ttft_histogram_and_move(triton_server: TritonServer) -> None:

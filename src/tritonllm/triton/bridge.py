@@ -77,8 +77,10 @@ class EngineBridge:
         on_finished: Callable[[FinishedRequest], None] | None = None,
         on_rejected: Callable[[], None] | None = None,
         cancel_poll_s: float = 0.005,
+        engine: ServingEngine | None = None,
     ):
-        self.engine = ServingEngine(config)
+        # `engine`: another engine behind ServingEngine's interface (the TensorRT-LLM executor adapter).
+        self.engine = engine if engine is not None else ServingEngine(config)
         self.tokens_per_block = config.tokens_per_block
         self._on_finished = on_finished
         self._on_rejected = on_rejected
@@ -187,13 +189,12 @@ class EngineBridge:
                 self._on_finished(FinishedRequest(live.received_ns, out))
 
     def _send_streamed(self, live: _Live, out: RequestOutput) -> None:
-        if not out.new_token_ids:
-            if out.finished:
-                live.channel.send(None, None, final=True)
+        new = out.new_token_ids
+        if not new and not out.finished:
             return
-        outputs = self._outputs(
-            live, out, out.new_token_ids, live.context, live.logprobs[-len(out.new_token_ids) :]
-        )
+        # A request that ends without a new token (aborted, timed out) still says why in a last,
+        # empty response.
+        outputs = self._outputs(live, out, new, live.context, live.logprobs[len(live.logprobs) - len(new) :])
         live.context = (live.context + out.new_token_ids)[-CONTEXT_TOKENS:]
         live.channel.send(outputs, None, final=out.finished)
 

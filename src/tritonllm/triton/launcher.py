@@ -19,6 +19,7 @@ import argparse
 import compileall
 import contextlib
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -34,6 +35,7 @@ from pathlib import Path
 from string import Template
 
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
+ENGINE_MODEL = "tensorrt_llm"
 ADMIN_HEADER = "tritonllm-admin-key"
 RESTRICTED = "model-repository,shared-memory,logging,trace"
 MARKER = ".tritonllm-repository"
@@ -71,7 +73,7 @@ class LaunchOptions:
     dtype: str | None = None
     drain_timeout_s: float = 5.0
     disable_kernels: bool = False  # engine: PyTorch attention instead of the C++ kernel (no build)
-    exit_timeout_s: int = 15
+    exit_timeout_s: int = 30  # Triton unloads the Python stubs in a few seconds each, in parallel
     restrict_admin: bool = True
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     log_verbose: int = 0
@@ -267,12 +269,44 @@ class TritonServer:
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready within {timeout_s}s")
 
+    def drain(self) -> bool:
+        """Unload the engine model while Triton still serves: its in-flight requests finish within
+        `drain_timeout_s` or are aborted, and every client gets its final response.
+
+        Triton 2.51 counts no in-flight requests for decoupled models on SIGTERM and stops delivering
+        their responses, so draining must come first. Returns False if the server did not drain.
+        """
+        host = "127.0.0.1" if self.options.address in ("0.0.0.0", "::", "") else self.options.address
+        base = f"http://{host}:{self.options.http_port}/v2/repository"
+        deadline = time.monotonic() + self.options.drain_timeout_s + 30
+        try:
+            self._admin_post(f"{base}/models/{ENGINE_MODEL}/unload", deadline)
+            # The unload answers before the model has finalized: wait for it, so the final responses
+            # are delivered before SIGTERM.
+            while time.monotonic() < deadline:
+                index = json.loads(self._admin_post(f"{base}/index", deadline))
+                if not any(m.get("name") == ENGINE_MODEL and m.get("state") != "UNAVAILABLE" for m in index):
+                    return True
+                time.sleep(0.1)
+        except (urllib.error.URLError, ConnectionError, OSError, ValueError):
+            pass
+        return False
+
+    def _admin_post(self, url: str, deadline: float) -> bytes:
+        headers = {"Content-Type": "application/json"}
+        if self.options.restrict_admin:
+            headers[ADMIN_HEADER] = self.options.admin_key
+        request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=max(deadline - time.monotonic(), 0.1)) as response:
+            return response.read()
+
     def stop(self, timeout_s: float | None = None) -> int | None:
-        """SIGTERM (Triton finishes or cancels in-flight requests), then SIGKILL the group after the bound."""
+        """Drain the engine, SIGTERM the server, then SIGKILL the group after the bound."""
         process, self.process = self.process, None
         if process is not None:
             timeout_s = timeout_s if timeout_s is not None else self.options.exit_timeout_s + 15
             if process.poll() is None:
+                self.drain()
                 process.send_signal(signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout_s)
@@ -307,7 +341,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="engine CPU threads (default: the cores available)")
     parser.add_argument("--quantization", choices=["none", "int8_wo", "fp8"])
     parser.add_argument("--preprocessing-instances", type=int, default=1)
-    parser.add_argument("--exit-timeout", type=int, default=15, help="seconds to finish in-flight requests")
+    parser.add_argument(
+        "--drain-timeout", type=float, default=5.0, help="on stop: seconds in-flight requests may finish"
+    )
+    parser.add_argument(
+        "--exit-timeout", type=int, default=30, help="on stop: seconds Triton may take to exit"
+    )
     parser.add_argument("--no-restrict-admin", action="store_true", help="leave the admin APIs open")
     parser.add_argument("--log-verbose", type=int, default=0)
 
@@ -332,6 +371,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         max_model_len=args.max_model_len,
         num_threads=args.threads,
         quantization=args.quantization,
+        drain_timeout_s=args.drain_timeout,
         exit_timeout_s=args.exit_timeout,
         restrict_admin=not args.no_restrict_admin,
         log_verbose=args.log_verbose,
@@ -369,7 +409,11 @@ def launch(options: LaunchOptions, ready_timeout_s: float = 300.0) -> int:
         while not stopping and server.process is not None and server.process.poll() is None:
             time.sleep(0.2)
         if stopping:
-            print("tritonllm: stopping (in-flight requests finish or are cancelled)...", file=sys.stderr)
+            print(
+                f"tritonllm: stopping: in-flight requests have {options.drain_timeout_s:g}s to finish, "
+                "then are cancelled...",
+                file=sys.stderr,
+            )
         return server.stop() or 0
     finally:
         server.stop()

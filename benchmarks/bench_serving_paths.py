@@ -1,0 +1,162 @@
+"""What the Triton layers cost: the same generations through `tensorrt_llm` directly (token ids in and
+out), the `ensemble` (preprocessing -> tensorrt_llm -> postprocessing) and `tensorrt_llm_bls`.
+
+One server, one script: the three paths run interleaved (path order rotated every round), so a change
+in machine load hits all of them alike. Each generation is one gRPC stream, greedy, `min_tokens =
+max_tokens` so every path generates exactly the same number of tokens. Reported per path: median over
+rounds of time to first token, mean inter-token latency and end-to-end time, and the ratio to the
+direct path. Writes `results/serving_paths.json` and `.md`.
+
+    .venv/bin/python benchmarks/bench_serving_paths.py            # SmolLM2 (the default model)
+    .venv/bin/python benchmarks/bench_serving_paths.py --model DIR --rounds 9 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import socket
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from tritonllm.default_model import model_path_or_default
+from tritonllm.triton.launcher import LaunchOptions, TritonServer
+from tritonllm.triton.text import TextCodec
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+PATHS = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
+TIMEOUT_S = 300.0
+
+
+def tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
+    dtype = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}[value.dtype]
+    t = grpcclient.InferInput(name, list(value.shape), dtype)
+    t.set_data_from_numpy(value)
+    return t
+
+
+def inputs_for(path: str, prompt_ids: list[int], max_tokens: int) -> list[grpcclient.InferInput]:
+    n = np.array([[max_tokens]], dtype=np.int32)
+    if path == "tensorrt_llm":
+        return [
+            tensor("input_ids", np.array([prompt_ids], dtype=np.int32)),
+            tensor("input_lengths", np.array([[len(prompt_ids)]], dtype=np.int32)),
+            tensor("request_output_len", n),
+            tensor("min_tokens", n),
+            tensor("runtime_top_k", np.array([[1]], dtype=np.int32)),
+            tensor("streaming", np.array([[True]])),
+        ]
+    return [
+        tensor("text_input", np.array([[PROMPT.encode()]], dtype=object)),
+        tensor("max_tokens", n),
+        tensor("min_tokens", n),
+        tensor("top_k", np.array([[1]], dtype=np.int32)),
+        tensor("stream", np.array([[True]])),
+    ]
+
+
+def generate(url: str, path: str, inputs: list[grpcclient.InferInput]) -> tuple[float, list[float]]:
+    """(seconds to the first response, response arrival times) of one streamed generation."""
+    client = grpcclient.InferenceServerClient(url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    start = time.perf_counter()
+    client.async_stream_infer(path, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+    arrivals = []
+    try:
+        while True:
+            result, error = results.get(timeout=TIMEOUT_S)
+            if error is not None:
+                raise RuntimeError(f"{path}: {error}")
+            response = result.get_response()
+            if response.outputs:
+                arrivals.append(time.perf_counter() - start)
+            if response.parameters["triton_final_response"].bool_param:
+                return arrivals[0], arrivals
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="HF checkpoint or engine directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+
+    model = model_path_or_default(args.model)
+    prompt_ids = TextCodec(model).encode(PROMPT)
+    http, grpc, metrics = free_ports(3)
+    options = LaunchOptions(
+        model=model, http_port=http, grpc_port=grpc, metrics_port=metrics, num_threads=args.threads
+    )
+    runs: dict[str, list[tuple[float, list[float]]]] = {p: [] for p in PATHS}
+    out = Path(args.out)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    with TritonServer(options, log_file=out / "raw" / "serving_paths_server.log") as server:
+        print(f"starting tritonserver on {model} ...", file=sys.stderr, flush=True)
+        server.wait_ready(600)
+        for path in PATHS:  # warm-up (kernel build, first-call costs)
+            generate(server.grpc_url, path, inputs_for(path, prompt_ids, 4))
+        for r in range(args.rounds):
+            order = PATHS[r % 3 :] + PATHS[: r % 3]
+            for path in order:
+                inputs = inputs_for(path, prompt_ids, args.max_tokens)
+                runs[path].append(generate(server.grpc_url, path, inputs))
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+    summary = {}
+    for path in PATHS:
+        ttft = statistics.median(t for t, _ in runs[path])
+        itl = statistics.median(statistics.fmean(np.diff(a)) for _, a in runs[path])
+        e2e = statistics.median(a[-1] for _, a in runs[path])
+        summary[path] = {"ttft_ms": ttft * 1e3, "itl_ms": itl * 1e3, "e2e_ms": e2e * 1e3}
+    base = summary["tensorrt_llm"]
+    for path in PATHS:
+        for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+            summary[path][key.replace("_ms", "_ratio")] = summary[path][key] / base[key]
+        summary[path]["itl_overhead_ms"] = summary[path]["itl_ms"] - base["itl_ms"]
+
+    meta = {"model": model, "rounds": args.rounds, "max_tokens": args.max_tokens, "threads": args.threads}
+    (out / "serving_paths.json").write_text(json.dumps({"config": meta, "paths": summary}, indent=2) + "\n")
+    lines = [
+        f"Model `{Path(model).name}`, {args.max_tokens} tokens per generation, {args.rounds} rounds, "
+        "medians; ratios against `tensorrt_llm` called directly.",
+        "",
+        "| path | TTFT ms | ITL ms | end-to-end ms | ITL ratio | ITL overhead ms | e2e ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path, s in summary.items():
+        lines.append(
+            f"| `{path}` | {s['ttft_ms']:.1f} | {s['itl_ms']:.2f} | {s['e2e_ms']:.0f} | "
+            f"{s['itl_ratio']:.3f} | {s['itl_overhead_ms']:+.2f} | {s['e2e_ratio']:.3f} |"
+        )
+    (out / "serving_paths.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
