@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +39,14 @@ def own_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         yield server
     finally:
         server.stop(timeout_s=10)
+
+
+def crash(server: TritonServer) -> None:
+    """SIGKILL the server's process group (a graceful `stop()` would drain: streams end with a reason)."""
+    assert server.process is not None
+    os.killpg(server.process.pid, signal.SIGKILL)  # started in its own session: pid == process group
+    server.process.wait(timeout=30)
+    server.stop()  # only cleans up: the process is gone
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -77,7 +87,7 @@ def test_stop_and_restart(own_server: TritonServer) -> None:
     with patient, fragile:
         stream = iter(patient.stream("The quick brown fox", SamplingOptions(max_tokens=400, min_tokens=400)))
         next(stream)
-        own_server.stop(timeout_s=0)  # SIGKILL: the stream breaks after tokens were received
+        crash(own_server)  # the stream breaks after tokens were received
         with pytest.raises(GenerationInterruptedError, match="after tokens were streamed"):
             for _ in stream:
                 pass
