@@ -5,7 +5,8 @@ Each finished result is appended to the output as one line and fsync'ed before t
 killed at any moment and run again with the same arguments skips what is recorded and does the rest:
 nothing lost, no duplicates. Prompts that fail on their own (bad input, timeout, server error) go to
 `<output>.failed.jsonl` with their error and are skipped on later runs unless `retry_failed` is set.
-Server-wide failures (unreachable, breaker open) stop the job instead: rerunning resumes it.
+Server-wide failures (unreachable, breaker open, a generation aborted by a server shutting down) stop
+the job instead: rerunning resumes it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from typing import Any
 from tqdm import tqdm
 
 from tritonllm_client.client import AsyncClient
-from tritonllm_client.errors import CircuitOpenError, ClientError, InvalidOptionError, ServerUnavailableError
+from tritonllm_client.errors import (
+    CircuitOpenError,
+    ClientError,
+    InvalidOptionError,
+    ServerError,
+    ServerUnavailableError,
+)
 from tritonllm_client.options import SamplingOptions
 
 # Errors that say the server, not the prompt, is the problem: stop the job, keep the prompt pending.
@@ -142,6 +149,10 @@ async def run_batch(
         async def run_one(item: BatchItem) -> None:
             try:
                 result = await client.generate(item.prompt, options, chat=item.chat)
+                if result.finish_reason == "abort":  # not ours: the server aborted it (draining to stop)
+                    raise ServerUnavailableError(f"the server aborted prompt {item.id!r}; rerun the job")
+                if result.finish_reason in ("error", "timeout"):
+                    raise ServerError(f"generation ended with finish_reason={result.finish_reason!r}")
             except JOB_STOPPING_ERRORS:
                 raise
             except ClientError as exc:
