@@ -44,20 +44,21 @@ class LoadTestMetrics:
         )
 
     def record(self, result: GenerationResult) -> None:
+        """A finished request: its outcome and latencies."""
         model = self.model
         self.requests.labels(model=model, outcome=result.error_kind or "success").inc()
         if not result.ok:
             return
         self.e2e.labels(model=model).observe(result.e2e_s)
-        self.output_tokens.labels(model=model).inc(result.output_tokens)
         if result.ttft_s is not None:
             self.ttft.labels(model=model).observe(result.ttft_s)
         itl = self.itl.labels(model=model)
         for gap in result.itls_s:
             itl.observe(gap)
 
-    def record_error(self, kind: str) -> None:
-        self.requests.labels(model=self.model, outcome=kind).inc()
+    def tokens_received(self, n: int = 1) -> None:
+        """Counted as tokens arrive (streaming) or when a whole reply does, not per finished request."""
+        self.output_tokens.labels(model=self.model).inc(n)
 
     def track(self, users: Callable[[], float], in_flight: Callable[[], float]) -> None:
         """Gauges read at scrape time."""

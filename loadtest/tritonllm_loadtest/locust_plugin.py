@@ -127,6 +127,7 @@ class ProcessContext:
             )
         )
         self.in_flight = 0
+        self.tokens_received = 0  # live: streamed tokens as they arrive, whole replies when they end
         runner = environment.runner
         worker = runner.worker_index if isinstance(runner, WorkerRunner) else 0
         self.stream_ids = itertools.count(worker * 1_000_000)
@@ -151,12 +152,18 @@ class ProcessContext:
     def run(self, transport_name: str, transport, request: GenerationRequest) -> None:
         self.in_flight += 1
         try:
-            result = transport.generate(request)
+            result = transport.generate(request, self._receive_token)
         except Exception as exc:  # an unexpected reply must still count as a failed request
             result = GenerationResult(start=time.perf_counter()).fail("client_error", f"{exc!r}")
         finally:
             self.in_flight -= 1
+        if not result.token_times:  # not streamed: the tokens arrived all at once
+            self._receive_token(result.output_tokens)
         self.fire(transport_name, result)
+
+    def _receive_token(self, n: int = 1) -> None:
+        self.tokens_received += n
+        self.metrics.tokens_received(n)
 
     def fire(self, transport_name: str, result: GenerationResult) -> None:
         model, fire = self.options.llm_model, self.environment.events.request.fire
@@ -286,13 +293,11 @@ class LLMLoadShape(LoadTestShape):
 
 
 @dataclass
-class WorkerInFlight:
-    """The master's view of each worker's in-flight requests (sent with its stats reports)."""
+class WorkerCounts:
+    """The master's view of each worker's live counters, sent with its stats reports (every ~3 s)."""
 
-    by_worker: dict[str, int]
-
-    def total(self) -> int:
-        return sum(self.by_worker.values())
+    in_flight: dict[str, int]
+    tokens_received: dict[str, int]
 
 
 class TimeSeries:
@@ -302,18 +307,20 @@ class TimeSeries:
         self.environment, self.path, self.interval_s = environment, path, interval_s
         self.recorder = Recorder()
         self.started = time.monotonic()
-        self.workers = WorkerInFlight({})
+        self.workers = WorkerCounts({}, {})
         self.greenlet = gevent.spawn(self._loop)
 
-    def in_flight(self) -> int:
+    def live_counts(self) -> tuple[int, int]:
+        """(requests in flight, tokens received) over all processes."""
         if isinstance(self.environment.runner, MasterRunner):
-            return self.workers.total()
-        return process_context(self.environment).in_flight if id(self.environment) in _contexts else 0
+            return sum(self.workers.in_flight.values()), sum(self.workers.tokens_received.values())
+        context = _contexts.get(id(self.environment))
+        return (context.in_flight, context.tokens_received) if context else (0, 0)
 
     def snapshot(self) -> Snapshot:
         stats = self.environment.runner.stats
         hists: dict[str, dict[float, int]] = {name: {} for name in LATENCIES}
-        requests = failures = tokens = 0
+        requests = failures = 0
         for (_name, method), entry in stats.entries.items():
             family = LATENCY_TYPES.get(method) or ("e2e" if method in REQUEST_TYPES.values() else None)
             if family is None:
@@ -323,14 +330,14 @@ class TimeSeries:
             if family == "e2e":
                 requests += entry.num_requests
                 failures += entry.num_failures
-                tokens += entry.total_content_length
         errors: dict[str, int] = {}
         for error in stats.errors.values():
             kind = str(error.error).split(":", 1)[0]
             errors[kind] = errors.get(kind, 0) + error.occurrences
         runner = self.environment.runner
         t = time.monotonic() - self.started
-        return Snapshot(t, runner.user_count, self.in_flight(), requests, failures, tokens, hists, errors)
+        in_flight, tokens = self.live_counts()
+        return Snapshot(t, runner.user_count, in_flight, requests, failures, tokens, hists, errors)
 
     def sample(self) -> None:
         snap = self.snapshot()
@@ -385,9 +392,11 @@ def on_quitting(environment: Environment, **_kwargs) -> None:
 def on_report_to_master(client_id: str, data: dict) -> None:
     for context in _contexts.values():
         data["llm_in_flight"] = context.in_flight
+        data["llm_tokens_received"] = context.tokens_received
 
 
 @events.worker_report.add_listener
 def on_worker_report(client_id: str, data: dict) -> None:
     for series in _series.values():
-        series.workers.by_worker[client_id] = int(data.get("llm_in_flight", 0))
+        series.workers.in_flight[client_id] = int(data.get("llm_in_flight", 0))
+        series.workers.tokens_received[client_id] = int(data.get("llm_tokens_received", 0))

@@ -50,7 +50,7 @@ class Snapshot:
     in_flight: int
     requests: int  # finished, including failures
     failures: int
-    output_tokens: int
+    output_tokens: int  # received so far, including those of requests still streaming
     hists: dict[str, Histogram]
     errors: dict[str, int]
 

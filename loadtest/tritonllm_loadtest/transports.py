@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonllm_loadtest.workload import GenerationRequest
 
 TRANSPORTS = ("http-stream", "http", "grpc-stream")
+OnToken = Callable[[], None]
 # Wire types of the request tensors we send (model_repository/README.md).
 TENSOR_TYPES = {
     "text_input": "BYTES",
@@ -65,6 +66,10 @@ class GenerationResult:
         return self
 
 
+def _no_op() -> None:
+    pass
+
+
 def request_inputs(request: GenerationRequest, stream: bool, exact_output: bool) -> dict[str, object]:
     """Request tensors; ``exact_output`` sets min_tokens = max_tokens: every reply has the sampled length."""
     inputs: dict[str, object] = {
@@ -98,7 +103,8 @@ class HttpTransport:
         self.exact_output = exact_output
         self.session = requests.Session()
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
+    def generate(self, request: GenerationRequest, on_token: OnToken = _no_op) -> GenerationResult:
+        """``on_token`` is called as each streamed token arrives (live throughput)."""
         result = GenerationResult(start=time.perf_counter())
         payload = request_inputs(request, self.stream, self.exact_output)
         try:
@@ -106,7 +112,7 @@ class HttpTransport:
                 if response.status_code != 200:
                     return result.fail(f"http_{response.status_code}", response.text)
                 if self.stream:
-                    return self._read_events(response, result)
+                    return self._read_events(response, result, on_token)
                 return self._read_whole(response, result)
         except requests.Timeout as exc:
             return result.fail("timeout", str(exc))
@@ -122,7 +128,9 @@ class HttpTransport:
         result.output_tokens = self.count_tokens(result.text)
         return result
 
-    def _read_events(self, response: requests.Response, result: GenerationResult) -> GenerationResult:
+    def _read_events(
+        self, response: requests.Response, result: GenerationResult, on_token: OnToken
+    ) -> GenerationResult:
         finished = False
         pieces: list[str] = []
         for line in _sse_lines(response):
@@ -134,6 +142,7 @@ class HttpTransport:
                 return result.fail("server_error", str(event["error"]))
             if "text_output" in event:
                 result.token_times.append(now)
+                on_token()
                 pieces.append("".join(_as_list(event["text_output"])))
             finished = finished or bool(event.get("finish_reason"))
         result.end = time.perf_counter()
@@ -167,7 +176,7 @@ class GrpcStreamTransport:
         self.channel = grpc.insecure_channel(target)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
 
-    def generate(self, request: GenerationRequest) -> GenerationResult:
+    def generate(self, request: GenerationRequest, on_token: OnToken = _no_op) -> GenerationResult:
         result = GenerationResult(start=time.perf_counter())
         message = infer_request(self.model, request_inputs(request, True, self.exact_output))
         call = self.stub.ModelStreamInfer(iter([message]), timeout=self.timeout_s)
@@ -183,6 +192,7 @@ class GrpcStreamTransport:
                 }
                 if "text_output" in outputs:
                     result.token_times.append(now)
+                    on_token()
                     pieces.append(decode_bytes_tensor(outputs["text_output"]))
                 if response.parameters["triton_final_response"].bool_param:
                     break

@@ -11,8 +11,9 @@ def test_results_become_labelled_series() -> None:
     metrics = LoadTestMetrics("ensemble")
     metrics.track(lambda: 3, lambda: 2)
     metrics.record(GenerationResult(start=0.0, end=1.0, token_times=[0.2, 0.3, 0.5], output_tokens=3))
+    metrics.tokens_received(3)
     metrics.record(GenerationResult(start=0.0).fail("timeout", "too slow"))
-    metrics.record_error("dropped")
+    metrics.record(GenerationResult(start=0.0).fail("dropped", "max in-flight requests reached"))
     text = generate_latest(metrics.registry).decode()
     expected = [
         'tritonllm_loadtest_ttft_seconds_bucket{le="0.25",model="ensemble"} 1.0',

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 from pathlib import Path
 
@@ -24,9 +25,11 @@ def test_streams_time_every_token(triton_server, tiny_llama_dir: Path, model: st
     http = HttpTransport(triton_server.http_url, model, True, 60, counter(tiny_llama_dir))
     grpc = GrpcStreamTransport(triton_server.grpc_url, model, 60)
     try:
-        for result in (http.generate(REQUEST), grpc.generate(REQUEST)):
+        for transport in (http, grpc):
+            arrived = itertools.count()
+            result = transport.generate(REQUEST, on_token=arrived.__next__)
             assert result.ok, result.error_message
-            assert result.output_tokens == 6 == len(result.token_times)  # min_tokens = max_tokens
+            assert result.output_tokens == 6 == len(result.token_times) == next(arrived)  # min = max tokens
             assert 0 < result.ttft_s <= result.e2e_s
             assert len(result.itls_s) == 5 and all(gap >= 0 for gap in result.itls_s)
             assert result.text
