@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import re
@@ -347,6 +348,22 @@ def test_bls_cancellation_frees_kv_blocks(triton_server: TritonServer) -> None:
         == aborted_before + 1,
         timeout_s=3,
     )
+
+
+def test_bls_sse_disconnect_frees_kv_blocks(triton_server: TritonServer) -> None:
+    """A client that drops its HTTP SSE connection mid-stream cancels the engine request."""
+    url = f"http://{triton_server.http_url}/v2/models/tensorrt_llm_bls/generate_stream"
+    body = {"text_input": "A paged key-value cache", "max_tokens": 400, "min_tokens": 400, "stream": True}
+    aborted = r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
+    aborted_before = sum(metric_values(triton_server, aborted))
+    with requests.post(url, json=body, stream=True, timeout=TIMEOUT_S) as response:
+        lines = response.iter_lines()
+        events = [line for line in itertools.islice(lines, 6) if line.startswith(b"data: ")]
+        assert events and b"error" not in events[0]
+        assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] > 0)
+    # Leaving the block closed the connection.
+    assert wait_for(lambda: sum(metric_values(triton_server, aborted)) == aborted_before + 1, timeout_s=5)
+    assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] == 0, 3)
 
 
 def engine_stream(server: TritonServer, request_id: str, inputs: dict[str, Any]) -> GrpcStream:
