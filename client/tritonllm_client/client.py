@@ -170,7 +170,9 @@ class AsyncClient:
         try:
             if remaining <= 0:
                 raise TimeoutError
-            return await asyncio.wait_for(awaitable, remaining)
+            # Not `asyncio.wait_for`: on 3.11 it can swallow a cancellation that races a completion.
+            async with asyncio.timeout(remaining):
+                return await awaitable
         except TimeoutError:
             if asyncio.iscoroutine(awaitable):
                 awaitable.close()

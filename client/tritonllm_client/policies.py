@@ -36,7 +36,8 @@ class RateLimiter:
                 " it could never be admitted"
             )
         try:
-            await asyncio.wait_for(self._bucket.acquire(amount), self.limit.timeout_s)
+            async with asyncio.timeout(self.limit.timeout_s):
+                await self._bucket.acquire(amount)
         except TimeoutError:
             raise RateLimitTimeoutError(
                 f"rate limit of {self.limit.rate:g} {self.limit.unit}/s (burst {self.limit.burst:g}) did not"
