@@ -112,3 +112,21 @@ def test_master_and_two_workers_poisson_over_grpc(triton_server, tiny_llama_dir,
     assert "2 workers connected" in stderr
     summary = check_reports(tmp_path, "tensorrt_llm_bls", "gRPC")
     assert summary["config"]["shape"] == "poisson" and summary["metrics"]["peak_users"] == 2
+
+
+def test_spike_of_non_streaming_users(triton_server, tiny_llama_dir, tmp_path) -> None:
+    command = loadtest_command(
+        triton_server, tiny_llama_dir, tmp_path,
+        "--metrics-port", "0", "--llm-transport", "http", "--llm-prompts", "bundled",
+        "--llm-shape", "spike", "--llm-users", "1", "--llm-spike-users", "4", "--llm-spike-at", "3",
+        "--llm-spike-duration", "4", "--llm-duration", "10", "--llm-sample-interval", "1",
+    )  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    m = summary["metrics"]
+    assert m["requests"] > 0 and m["failures"] == 0 and m["peak_users"] == 4
+    assert m["ttft_p50_ms"] is None and m["e2e_p50_ms"] > 0  # no tokens streamed, no TTFT
+    assert [stage["users"] for stage in summary["stages"]] == [1, 4, 1]
+    with open(tmp_path / "locust_stats.csv") as f:
+        assert {r["Type"] for r in csv.DictReader(f)} == {"HTTP", ""}  # "" is the Aggregated row
