@@ -20,7 +20,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--quantization", choices=["none", "int8_wo", "fp8"], default="none")
+    parser.add_argument("--quantization", choices=["none", "int8_wo", "fp8"], help="default: as built")
     parser.add_argument("--threads", type=int, help="CPU threads (default: the cores available)")
 
 
