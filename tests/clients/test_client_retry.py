@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from client_test_helpers import ABORTED, metric, wait_for
 from triton_fixture import start_server, tiny_server_options
 from tritonllm_client import (
     AsyncClient,
@@ -41,12 +42,61 @@ def own_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         server.stop(timeout_s=10)
 
 
-def crash(server: TritonServer) -> None:
-    """SIGKILL the server's process group (a graceful `stop()` would drain: streams end with a reason)."""
-    assert server.process is not None
-    os.killpg(server.process.pid, signal.SIGKILL)  # started in its own session: pid == process group
-    server.process.wait(timeout=30)
-    server.stop()  # only cleans up: the process is gone
+class TcpProxy:
+    """A real TCP hop to the server whose `cut()` drops every connection, as a network failure would.
+
+    (Killing the server instead would leak its Python backend's /dev/shm regions.)
+    """
+
+    def __init__(self, target: str):
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self.listener.accept()
+            except OSError:  # closed by cut()
+                return
+            upstream = socket.create_connection(self.target, timeout=10)
+            upstream.settimeout(None)
+            self.sockets += [downstream, upstream]
+            for src, dst in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+
+    def cut(self) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def test_stream_cut_after_tokens_is_not_retried(own_server: TritonServer) -> None:
+    proxy = TcpProxy(own_server.grpc_url)
+    aborted = metric(own_server.metrics_url, ABORTED)
+    retry = RetryPolicy(attempts=10, initial_backoff_s=0.01, max_backoff_s=0.05)
+    with Client(url=proxy.url, model="tensorrt_llm_bls", retry=retry) as client:
+        stream = iter(client.stream("The quick brown fox", SamplingOptions(max_tokens=500, min_tokens=500)))
+        next(stream)
+        proxy.cut()
+        started = time.monotonic()
+        with pytest.raises(GenerationInterruptedError, match="after tokens were streamed"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - started < 5  # no retries (they would fail for ~0.3 s at least)
+    # The server saw the client go: the BLS aborted the generation.
+    assert wait_for(lambda: metric(own_server.metrics_url, ABORTED) == aborted + 1, timeout_s=10)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -70,8 +120,8 @@ def test_busy_errors_are_retried(own_server: TritonServer, protocol: str) -> Non
 
 
 def test_stop_and_restart(own_server: TritonServer) -> None:
-    """A stream cut after tokens is not retried; retries carry a call over a restart; the breaker opens,
-    fails fast while the server is down, and closes again after a successful probe."""
+    """Retries carry a call over a restart; the breaker opens, fails fast while the server is down, and
+    closes again after a successful probe."""
     patient = Client(
         url=own_server.grpc_url,
         retry=RetryPolicy(attempts=1000, initial_backoff_s=0.1, max_backoff_s=1.0),
@@ -85,13 +135,7 @@ def test_stop_and_restart(own_server: TritonServer) -> None:
         breaker=BreakerPolicy(failures=2, reset_timeout_s=1.0),
     )
     with patient, fragile:
-        stream = iter(patient.stream("The quick brown fox", SamplingOptions(max_tokens=400, min_tokens=400)))
-        next(stream)
-        crash(own_server)  # the stream breaks after tokens were received
-        with pytest.raises(GenerationInterruptedError, match="after tokens were streamed"):
-            for _ in stream:
-                pass
-
+        own_server.stop()
         for _ in range(2):
             with pytest.raises(ServerUnavailableError):
                 fragile.generate("hello", SamplingOptions(max_tokens=2))
