@@ -96,13 +96,14 @@ def test_master_and_two_workers_poisson_over_grpc(triton_server, tiny_llama_dir,
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        series = 'tritonllm_loadtest_output_tokens_total{model="tensorrt_llm_bls"}'
+        # A finished request (tokens are counted earlier, as they arrive).
+        series = 'tritonllm_loadtest_requests_total{model="tensorrt_llm_bls",outcome="success"}'
         for port in (base, base + 1):  # each worker serves its own /metrics
             text = scrape_until(f"http://127.0.0.1:{port}/metrics", series, process, deadline)
             lines = [line for line in text.splitlines() if 'model="tensorrt_llm_bls"' in line]
             for name in ("ttft_seconds_bucket", "itl_seconds_bucket", "e2e_seconds_count", "users"):
                 assert any(line.startswith(f"tritonllm_loadtest_{name}{{") for line in lines), name
-            assert 'tritonllm_loadtest_requests_total{model="tensorrt_llm_bls",outcome="success"}' in text
+            assert 'tritonllm_loadtest_output_tokens_total{model="tensorrt_llm_bls"}' in text
         stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if process.poll() is None:
