@@ -73,7 +73,9 @@ class LaunchOptions:
     dtype: str | None = None
     drain_timeout_s: float = 5.0
     disable_kernels: bool = False  # engine: PyTorch attention instead of the C++ kernel (no build)
-    exit_timeout_s: int = 30  # Triton unloads the Python stubs in a few seconds each, in parallel
+    # After the drain Triton only unloads the stubs (seconds) and waits for open HTTP connections;
+    # 2.51 counts one for every past `/generate` call to a decoupled model, so it always waits this long.
+    exit_timeout_s: int = 15
     restrict_admin: bool = True
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     log_verbose: int = 0
@@ -345,7 +347,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout", type=float, default=5.0, help="on stop: seconds in-flight requests may finish"
     )
     parser.add_argument(
-        "--exit-timeout", type=int, default=30, help="on stop: seconds Triton may take to exit"
+        "--exit-timeout", type=int, default=15, help="on stop: seconds Triton may take to exit"
     )
     parser.add_argument("--no-restrict-admin", action="store_true", help="leave the admin APIs open")
     parser.add_argument("--log-verbose", type=int, default=0)
