@@ -24,13 +24,11 @@ SCRIPT = textwrap.dedent(
     from tritonllm_loadtest.transports import GrpcStreamTransport
     from tritonllm_loadtest.workload import GenerationRequest
 
-    gaps, last = [], [time.perf_counter()]
+    ticks = []
     def ticker():
         while True:
             gevent.sleep(0.01)
-            now = time.perf_counter()
-            gaps.append(now - last[0])
-            last[0] = now
+            ticks.append(time.perf_counter())
     def one(model):
         transport = GrpcStreamTransport(sys.argv[1], model, 60)
         return transport.generate(GenerationRequest("Once upon a time", 4, 24))
@@ -40,7 +38,7 @@ SCRIPT = textwrap.dedent(
     results = [job.value for job in jobs]
     print(json.dumps({
         "tokens": [r.output_tokens for r in results], "errors": [r.error_kind for r in results],
-        "spans": [[r.start, r.end] for r in results], "max_tick_gap_s": max(gaps),
+        "spans": [[r.start, r.end] for r in results], "ticks": ticks,
     }))
     """
 )
@@ -60,9 +58,10 @@ def test_grpc_streams_are_concurrent_under_gevent_with_init_gevent(triton_server
     latest_start = max(start for start, _ in out["spans"])
     earliest_end = min(end for _, end in out["spans"])
     assert latest_start < earliest_end  # all four streams were in flight at once
-    # The hub kept running while streams were read (a blocked hub stalls it for a whole request).
-    shortest = min(end - start for start, end in out["spans"])
-    assert out["max_tick_gap_s"] < shortest / 2
+    # Other greenlets kept running while each stream was read (a blocked hub stalls them for a whole
+    # request). Counted, not timed: a loaded machine may delay ticks but not stop them.
+    for start, end in out["spans"]:
+        assert sum(start < tick < end for tick in out["ticks"]) >= 5
 
 
 def test_grpc_without_init_gevent_blocks_the_hub(triton_server) -> None:
