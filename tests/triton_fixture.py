@@ -6,8 +6,10 @@ load test, observability) talks to the same server instead of starting its own.
 
 from __future__ import annotations
 
+import re
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,26 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0, step_s: float = 0.05) -> bool:
+    """Poll until true or the deadline passes (the server refreshes its metrics every 0.25 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()
+
+
+def metric_values(metrics_url: str, pattern: str) -> list[float]:
+    """Values of the series whose name matches `pattern` (a regex; labels optional) on `/metrics`."""
+    text = requests.get(metrics_url, timeout=10).text
+    return [float(v) for v in re.findall(rf"^{pattern}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+
+
+def metric_sum(metrics_url: str, pattern: str) -> float:
+    return sum(metric_values(metrics_url, pattern))
 
 
 def start_server(options: LaunchOptions, log_file: Path) -> TritonServer:

@@ -8,19 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from triton_fixture import wait_for
 
 from tritonllm.engine import EngineConfig
 from tritonllm.triton.bridge import EngineBridge, FinishedRequest
 from tritonllm.triton.tensors import parse_engine_request
 
 WAIT_S = 60.0
-
-
-def wait_until(predicate, timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return predicate()
 
 
 class FakeChannel:
@@ -106,21 +100,21 @@ def test_invalid_request_gets_final_error_naming_tensor(bridge: EngineBridge) ->
 def test_client_cancellation_frees_blocks_within_a_step(bridge: EngineBridge) -> None:
     chan = FakeChannel()
     bridge.submit("long", request(list(range(60, 70)), 400, streaming=True), chan)
-    assert wait_until(lambda: len(chan.responses) >= 3)
+    assert wait_for(lambda: len(chan.responses) >= 3, WAIT_S)
     chan.cancelled = True
     assert chan.done.wait(5)
     assert len(chan.tokens()) < 400
     last, error, _ = chan.responses[-1]
     assert error is None and last["finish_reason"].reshape(-1)[0] == "abort", "the last response says why"
     # Stats are refreshed at the end of the step that aborted it.
-    assert wait_until(lambda: bridge.engine.stats().kv_blocks_used == 0, 5)
+    assert wait_for(lambda: bridge.engine.stats().kv_blocks_used == 0, 5)
     assert bridge.finished[-1].output.finish_reason.value == "abort"
 
 
 def test_stop_input_cancels_by_triton_request_id(bridge: EngineBridge) -> None:
     chan, stopper = FakeChannel(), FakeChannel()
     bridge.submit("victim", request(list(range(70, 80)), 400, streaming=True), chan)
-    assert wait_until(lambda: bool(chan.responses))
+    assert wait_for(lambda: bool(chan.responses), WAIT_S)
     stop = parse_engine_request(
         {
             "input_ids": np.array([[1]], dtype=np.int32),

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from pathlib import Path
 
 import requests
-from triton_fixture import READY_TIMEOUT_S
+from triton_fixture import READY_TIMEOUT_S, metric_sum, tiny_server_options, wait_for
 
 from tritonllm.triton.launcher import (
     MODELS,
@@ -63,19 +62,9 @@ def test_server_rejects_when_busy_and_stops_cleanly(tiny_llama_dir: Path, tmp_pa
     after its response, waits `--exit-timeout-secs` for it and exits with 1 (measured: after one
     such call, idle, the exit status is 1 after the full timeout; with only SSE streams it is 0).
     """
-    ports = []
-    for _ in range(3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    options = LaunchOptions(
-        model=str(tiny_llama_dir),
-        http_port=ports[0],
-        grpc_port=ports[1],
-        metrics_port=ports[2],
+    options = tiny_server_options(
+        tiny_llama_dir,
         num_kv_blocks=256,
-        tokens_per_block=4,
-        num_threads=1,
         max_num_seqs=1,
         max_waiting=1,
         drain_timeout_s=1,
@@ -105,10 +94,10 @@ def test_server_rejects_when_busy_and_stops_cleanly(tiny_llama_dir: Path, tmp_pa
 
         reader = threading.Thread(target=stream)
         reader.start()
-        assert wait_until(lambda: bool(events) or not reader.is_alive(), 60) and events, "the stream started"
+        assert wait_for(lambda: bool(events) or not reader.is_alive(), 60) and events, "the stream started"
         second = threading.Thread(target=queued)
         second.start()
-        assert wait_until(lambda: engine_gauge(server, "tritonllm_num_requests_waiting") >= 1, 30)
+        assert wait_for(lambda: metric_sum(server.metrics_url, "tritonllm_num_requests_waiting") >= 1, 30)
         started = time.monotonic()
         busy = requests.post(f"{base}/generate", json={"text_input": "hi", "max_tokens": 4}, timeout=60)
         assert time.monotonic() - started < 10, "rejected at once"
@@ -128,20 +117,7 @@ def test_server_rejects_when_busy_and_stops_cleanly(tiny_llama_dir: Path, tmp_pa
         assert waiting[0].json()["finish_reason"] in ("abort", "length")
     finally:
         server.stop()
-    assert wait_until(lambda: not live_processes_in_group(pid), 5), "no stub outlived the server"
-
-
-def wait_until(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return predicate()
-
-
-def engine_gauge(server: TritonServer, name: str) -> float:
-    text = requests.get(server.metrics_url, timeout=10).text
-    match = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
+    assert wait_for(lambda: not live_processes_in_group(pid), 5), "no stub outlived the server"
 
 
 def live_processes_in_group(pgid: int) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import queue
-import re
 import threading
 import time
 import uuid
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+from triton_fixture import metric_sum, wait_for
 
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
 from tritonllm.triton.launcher import TritonServer
@@ -154,18 +154,12 @@ def grpc_generate(server: TritonServer, model: str, inputs: dict[str, Any]) -> t
         stream.close()
 
 
-def metric_values(server: TritonServer, name: str) -> list[float]:
-    text = requests.get(server.metrics_url, timeout=10).text
-    return [float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+def kv_blocks_used(server: TritonServer) -> float:
+    return metric_sum(server.metrics_url, "tritonllm_kv_cache_blocks_used")
 
 
-def wait_for(predicate, timeout_s: float = 5.0, step_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
+def aborted(server: TritonServer) -> float:
+    return metric_sum(server.metrics_url, r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}')
 
 
 # Generation.
@@ -329,41 +323,27 @@ def test_bls_cancellation_frees_kv_blocks(triton_server: TritonServer) -> None:
     try:
         received = list(stream.responses(limit=3))
         assert len(received) == 3 and all(err is None for _, err in received)
-        assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] > 0)
-        aborted_before = sum(
-            v
-            for v in metric_values(
-                triton_server, r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
-            )
-        )
+        assert wait_for(lambda: kv_blocks_used(triton_server) > 0)
+        aborted_before = aborted(triton_server)
     finally:
         stream.close(cancel=True)
-    assert wait_for(
-        lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] == 0, timeout_s=3
-    )
-    assert wait_for(
-        lambda: sum(
-            metric_values(triton_server, r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}')
-        )
-        == aborted_before + 1,
-        timeout_s=3,
-    )
+    assert wait_for(lambda: kv_blocks_used(triton_server) == 0, timeout_s=3)
+    assert wait_for(lambda: aborted(triton_server) == aborted_before + 1, timeout_s=3)
 
 
 def test_bls_sse_disconnect_frees_kv_blocks(triton_server: TritonServer) -> None:
     """A client that drops its HTTP SSE connection mid-stream cancels the engine request."""
     url = f"http://{triton_server.http_url}/v2/models/tensorrt_llm_bls/generate_stream"
     body = {"text_input": "A paged key-value cache", "max_tokens": 400, "min_tokens": 400, "stream": True}
-    aborted = r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
-    aborted_before = sum(metric_values(triton_server, aborted))
+    aborted_before = aborted(triton_server)
     with requests.post(url, json=body, stream=True, timeout=TIMEOUT_S) as response:
         lines = response.iter_lines()
         events = [line for line in itertools.islice(lines, 6) if line.startswith(b"data: ")]
         assert events and b"error" not in events[0]
-        assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] > 0)
+        assert wait_for(lambda: kv_blocks_used(triton_server) > 0)
     # Leaving the block closed the connection.
-    assert wait_for(lambda: sum(metric_values(triton_server, aborted)) == aborted_before + 1, timeout_s=5)
-    assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] == 0, 3)
+    assert wait_for(lambda: aborted(triton_server) == aborted_before + 1, timeout_s=5)
+    assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 3)
 
 
 def engine_stream(server: TritonServer, request_id: str, inputs: dict[str, Any]) -> GrpcStream:
@@ -395,15 +375,15 @@ def test_stop_input_cancels_the_request_with_that_id(triton_server: TritonServer
         assert error is None and outputs["finish_reason"].reshape(-1)[0] == b"abort", "the last says why"
     finally:
         stream.close()
-    assert wait_for(lambda: metric_values(triton_server, "tritonllm_kv_cache_blocks_used")[0] == 0, 3)
+    assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 3)
 
 
 def test_metrics_have_ttft_histogram_and_move(triton_server: TritonServer) -> None:
-    before = sum(metric_values(triton_server, "tritonllm_time_to_first_token_seconds_count"))
+    before = metric_sum(triton_server.metrics_url, "tritonllm_time_to_first_token_seconds_count")
     r = http_generate(triton_server, "ensemble", {"text_input": "hello", "max_tokens": 4})
     assert r.status_code == 200
     assert wait_for(
-        lambda: sum(metric_values(triton_server, "tritonllm_time_to_first_token_seconds_count")) > before
+        lambda: metric_sum(triton_server.metrics_url, "tritonllm_time_to_first_token_seconds_count") > before
     )
     text = requests.get(triton_server.metrics_url, timeout=10).text
     for name in (
