@@ -44,9 +44,11 @@ def locust_command(locustfile: Path, *args: str) -> list[str]:
 def run_session(args: argparse.Namespace, locust_args: list[str]) -> int:
     """Run Locust (locally, or a master and ``--workers`` local workers); returns the master's status."""
     out: Path = args.out
-    # In distributed mode each worker serves its metrics on this port + its worker index.
+    # With local workers each serves its metrics on this port + its worker index.
     common = ["--host", args.host, "--llm-record", str(out / "recording.json"), *locust_args]
     common += ["--llm-metrics-port", str(args.metrics_port)]
+    if args.workers:
+        common.append("--llm-metrics-port-per-worker")  # all the workers run on this host
     reports = ["--headless", "--csv", str(out / "locust"), "--html", str(out / "locust.html")]
     reports += ["--only-summary", "--exit-code-on-error", "0"]
     if args.workers == 0:

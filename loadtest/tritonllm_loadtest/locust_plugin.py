@@ -78,7 +78,12 @@ def add_options(parser) -> None:
     add("--llm-rate", type=float, default=1.0, help="poisson: requests/s over all workers")
     add("--llm-arrival-users", type=int, default=1, help="poisson: arrival processes (>= workers)")
     add("--llm-max-in-flight", type=int, default=256, help="poisson: per process; beyond: 'dropped' error")
-    add("--llm-metrics-port", type=int, default=DEFAULT_PORT, help="Prometheus port (+ worker index), 0: off")
+    add("--llm-metrics-port", type=int, default=DEFAULT_PORT, help="Prometheus exporter port, 0: off")
+    add(
+        "--llm-metrics-port-per-worker",
+        action="store_true",
+        help="workers on one host: each serves on the port + its worker index",
+    )
     add("--llm-record", default="", help="write the time series and stage figures here (JSON)")
     add("--llm-sample-interval", type=float, default=2.0, help="seconds between time-series samples")
 
@@ -133,9 +138,11 @@ class ProcessContext:
         self.stream_ids = itertools.count(worker * 1_000_000)
         self.metrics = LoadTestMetrics(options.llm_model)
         self.metrics.track(lambda: runner.user_count, lambda: self.in_flight)
-        # The master forwards its options to every worker, so workers cannot have their own port option.
+        # The master forwards its options to every worker, so workers cannot have their own port option:
+        # workers sharing a host (`--workers N`) take the port + their index; one per host keep the port.
         if options.llm_metrics_port:
-            self.metrics.serve(options.llm_metrics_port + worker)
+            offset = worker if options.llm_metrics_port_per_worker else 0
+            self.metrics.serve(options.llm_metrics_port + offset)
 
     def make_transport(self, transport: str) -> HttpTransport | GrpcStreamTransport:
         o = self.options
