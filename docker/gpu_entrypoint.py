@@ -7,9 +7,9 @@ hence the build happens here rather than in an image stage.
 With `TRITONLLM_TP_SIZE` > 1 the server runs once per GPU under `mpirun`, as NVIDIA's
 `launch_triton_server.py` does: rank 0 loads every model and serves HTTP, gRPC and metrics; the other
 ranks load only `tensorrt_llm`, where TensorRT-LLM's executor in leader mode makes them workers of
-rank 0. They must stay inside model loading, or they would open the same ports: NVIDIA's Python model
-calls `executor.shutdown()` in `initialize` when `executor.can_enqueue_requests()` is False, which
-blocks until the leader is done. Each rank gets its own shared-memory prefix for the Python backend.
+rank 0. They must stay inside model loading, or they would open the same ports: as NVIDIA's Python
+model does, `TrtllmEngine` calls `executor.shutdown()` when `executor.can_enqueue_requests()` is False,
+which blocks until the leader is done. Each rank gets its own shared-memory prefix for the Python backend.
 
 Settings come from the environment (nothing secret is baked into the image): see `GpuServeConfig`.
 """

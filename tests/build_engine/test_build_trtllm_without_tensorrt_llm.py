@@ -197,6 +197,8 @@ class FakeFinishReason(enum.Enum):
 
 
 class FakeExecutor:
+    leader = True  # False: an MPI worker rank of a tensor-parallel engine
+
     def __init__(self, path: str, model_type: str, config: Recorded):
         self.path, self.model_type, self.config = path, model_type, config
         self.requests: dict[int, Recorded] = {}
@@ -204,6 +206,9 @@ class FakeExecutor:
         self.responses: queue.Queue = queue.Queue()
         self.iteration_stats: list[Any] = []
         self.is_shut_down = False
+
+    def can_enqueue_requests(self) -> bool:
+        return self.leader
 
     def enqueue_request(self, request: Recorded) -> int:
         self.requests[len(self.requests) + 1] = request
@@ -374,6 +379,19 @@ def test_shutdown_stops_the_executor_without_tensorrt_llm(engine: TrtllmEngine) 
     engine.shutdown(drain_timeout_s=0.0)
     assert engine.executor.is_shut_down
     assert list(stream.outputs(timeout_s=WAIT_S))[-1].finish_reason == FinishReason.ABORT
+
+
+def test_worker_rank_waits_for_the_leader_without_tensorrt_llm(
+    fake_executor_module: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that cannot enqueue (MPI rank > 0) shuts its executor down at once, as NVIDIA's model does
+    (the real `shutdown()` blocks until the leader's does), and runs no response thread."""
+    monkeypatch.setattr(FakeExecutor, "leader", False)
+    settings = ExecutorSettings(max_seq_len=64, max_input_len=32, tokens_per_block=32, eos_token_ids=(2,))
+    worker = TrtllmEngine(tmp_path, settings)
+    assert worker.executor.is_shut_down and not worker.is_leader
+    assert not worker._thread.is_alive()
+    worker.shutdown(drain_timeout_s=0.0)
 
 
 def test_executor_settings_from_model_parameters_without_tensorrt_llm(

@@ -194,7 +194,13 @@ class TrtllmEngine:
         self._closing = threading.Event()
         self._dead: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tritonllm-trtllm", daemon=True)
-        self._thread.start()
+        # Tensor parallel under MPI: only the leader (rank 0) takes requests. A worker rank blocks
+        # here, as in NVIDIA's model, until the leader's executor shuts down.
+        self.is_leader = bool(self.executor.can_enqueue_requests())
+        if self.is_leader:
+            self._thread.start()
+        else:
+            self.executor.shutdown()
 
     def submit(
         self,
@@ -255,6 +261,8 @@ class TrtllmEngine:
 
     def shutdown(self, drain_timeout_s: float = 0.0, join_timeout_s: float = 30.0) -> None:
         """Let in-flight requests finish for up to `drain_timeout_s`, cancel the rest, stop the executor."""
+        if not self.is_leader:
+            return  # its executor was shut down when the leader's was
         deadline = time.monotonic() + drain_timeout_s
         with self._lock:
             self._stopping.set()
