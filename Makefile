@@ -50,7 +50,7 @@ serve: venv model
 	$(VENV)/bin/tritonllm launch $(SERVE_ARGS)
 
 test: venv model
-	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -q --durations=10 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: venv

@@ -39,7 +39,8 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-def _grpc_tensor(name: str, value: Any) -> grpcclient.InferInput:
+def grpc_tensor(name: str, value: Any) -> grpcclient.InferInput:
+    """One request value as a `[1, 1]` (or `[1, N]` for a list of strings) tensor of the contract's type."""
     if isinstance(value, list):
         arr, dtype = np.array([[v.encode() for v in value]], dtype=object), "BYTES"
     elif isinstance(value, str):
@@ -82,7 +83,7 @@ class GrpcTransport:
     ) -> AsyncIterator[Piece]:
         request = {
             "model_name": model,
-            "inputs": [_grpc_tensor(name, value) for name, value in inputs.items()],
+            "inputs": [grpc_tensor(name, value) for name, value in inputs.items()],
             "request_id": request_id,
             "parameters": parameters or None,
         }
@@ -108,7 +109,7 @@ class GrpcTransport:
             responses.cancel()  # no-op after a normal end; cancels the request on the server otherwise
 
     async def prompt_tokens(self, text: str, parameters: dict[str, Any]) -> int:
-        inputs = [_grpc_tensor("QUERY", text), _grpc_tensor("REQUEST_OUTPUT_LEN", 1)]
+        inputs = [grpc_tensor("QUERY", text), grpc_tensor("REQUEST_OUTPUT_LEN", 1)]
         try:
             result = await self._client.infer(
                 PREPROCESSING_MODEL,

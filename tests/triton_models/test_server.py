@@ -18,6 +18,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from triton_fixture import metric_sum, wait_for
+from tritonllm_client.transport import grpc_tensor
 
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
 from tritonllm.triton.launcher import TritonServer
@@ -25,7 +26,6 @@ from tritonllm.triton.text import CONTEXT_TOKENS, TextCodec
 
 MODELS = ("ensemble", "tensorrt_llm_bls")
 TIMEOUT_S = 60
-UINT64_INPUTS = ("seed", "random_seed", "lora_task_id")
 PROMPTS = [
     "The quick brown fox",
     "A paged key-value cache",
@@ -80,22 +80,6 @@ def sse_generate(server: TritonServer, model: str, body: dict[str, Any]) -> list
     return events
 
 
-def grpc_input(name: str, value: Any) -> grpcclient.InferInput:
-    if isinstance(value, str):
-        arr = np.array([[value.encode()]], dtype=object)
-        dtype = "BYTES"
-    elif isinstance(value, bool):
-        arr, dtype = np.array([[value]], dtype=bool), "BOOL"
-    elif isinstance(value, int):
-        np_type, dtype = (np.uint64, "UINT64") if name in UINT64_INPUTS else (np.int32, "INT32")
-        arr = np.array([[value]], dtype=np_type)
-    else:
-        arr, dtype = np.array([[value]], dtype=np.float32), "FP32"
-    tensor = grpcclient.InferInput(name, list(arr.shape), dtype)
-    tensor.set_data_from_numpy(arr)
-    return tensor
-
-
 class GrpcStream:
     """One gRPC stream for one generation (cancelling a stream cancels every request on it)."""
 
@@ -112,7 +96,7 @@ class GrpcStream:
         self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
         self.client.async_stream_infer(
             model,
-            [grpc_input(k, v) for k, v in inputs.items()] + list(tensors),
+            [grpc_tensor(k, v) for k, v in inputs.items()] + list(tensors),
             request_id=request_id or uuid.uuid4().hex,
             enable_empty_final_response=True,
         )
@@ -297,7 +281,7 @@ def test_wrong_dtype_names_the_input(triton_server: TritonServer) -> None:
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
-        client.async_stream_infer("ensemble", [grpc_input("text_input", "hi"), wrong])
+        client.async_stream_infer("ensemble", [grpc_tensor("text_input", "hi"), wrong])
         _, error = results.get(timeout=TIMEOUT_S)
     finally:
         client.stop_stream()
