@@ -35,7 +35,7 @@ class BlockPool:
         if not self._free:
             raise RuntimeError("KV block pool exhausted")
         block_id, _ = self._free.popitem(last=False)
-        self._uncache(block_id)
+        self.uncache(block_id)
         self._ref_counts[block_id] = 1
         return block_id
 
@@ -64,10 +64,7 @@ class BlockPool:
         self._hash_of[block_id] = key
 
     def uncache(self, block_id: int) -> None:
-        """Make a block private again (its owner is about to overwrite it)."""
-        self._uncache(block_id)
-
-    def _uncache(self, block_id: int) -> None:
+        """Forget a block's prefix-cache key (it is reallocated, or its owner is about to overwrite it)."""
         key = self._hash_of[block_id]
         if key is not None:
             del self._cached[key]

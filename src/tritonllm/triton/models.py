@@ -18,14 +18,15 @@ import numpy as np
 
 from tritonllm.build.engine_dir import engine_backend, engine_defaults
 from tritonllm.engine.config import EngineConfig
+from tritonllm.engine.serving import ServingEngine
 from tritonllm.triton import tensors
 from tritonllm.triton.bridge import EngineBridge, Outputs
+from tritonllm.triton.launcher import ENGINE_MODEL
 from tritonllm.triton.tensors import RequestError
 from tritonllm.triton.text import TextCodec
 
 log = logging.getLogger(__name__)
 
-ENGINE_MODEL = "tensorrt_llm"
 # tensorrt_llm outputs passed through unchanged by the BLS.
 PASSTHROUGH_OUTPUTS = (
     "cum_log_probs",
@@ -293,12 +294,15 @@ class EngineModel:
             from tritonllm.build.trtllm_executor import TrtllmEngine, settings_from_parameters
 
             engine = TrtllmEngine(config.model, settings_from_parameters(config.model, params))
-            self.bridge = EngineBridge(config, engine=engine)
         else:
-            self.bridge = EngineBridge(config)
-        self.metrics = MetricsReporter(self.pb, self.bridge.engine, labels={"model": args["model_name"]})
-        self.bridge._on_finished = self.metrics.record_finished
-        self.bridge._on_rejected = self.metrics.record_rejected
+            engine = ServingEngine(config)
+        self.metrics = MetricsReporter(self.pb, engine, labels={"model": args["model_name"]})
+        self.bridge = EngineBridge(
+            config,
+            on_finished=self.metrics.record_finished,
+            on_rejected=self.metrics.record_rejected,
+            engine=engine,
+        )
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
