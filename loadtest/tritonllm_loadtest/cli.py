@@ -83,7 +83,7 @@ def build_reports(out: Path, slos: list[Slo]) -> tuple[dict, bool]:
     """Summary JSON/Markdown and plots from ``out/recording.json``; returns (summary, all SLOs met)."""
     recording = json.loads((out / "recording.json").read_text())
     options = recording.pop("options")
-    config = {k.removeprefix("llm_"): v for k, v in options.items() if k not in ("llm_record",)}
+    config = {k.removeprefix("llm_"): v for k, v in options.items() if k != "llm_record"}
     summary = summarize(recording, config)
     summary["slos"] = check_slos(slos, summary["metrics"])
     write_summary(out, summary)
@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser().parse_known_args(argv)
     try:
         slos = [Slo.parse(text) for text in args.slo]
-        unknown = [s.metric for s in slos if s.metric not in known_metrics()]
+        known = known_metrics()
+        unknown = [s.metric for s in slos if s.metric not in known]
         if unknown:
-            raise ValueError(f"unknown SLO metric(s) {unknown}; known: {', '.join(sorted(known_metrics()))}")
+            raise ValueError(f"unknown SLO metric(s) {unknown}; known: {', '.join(sorted(known))}")
         if args.command == "run" and args.workers < 0:
             raise ValueError("--workers must be >= 0")
         if args.command == "report" and extra:

@@ -30,7 +30,7 @@ from locust.runners import MasterRunner, WorkerRunner  # noqa: E402
 from tritonllm_loadtest.distributions import IntDistribution  # noqa: E402
 from tritonllm_loadtest.exporter import DEFAULT_PORT, LoadTestMetrics  # noqa: E402
 from tritonllm_loadtest.shapes import SHAPES, ShapeConfig  # noqa: E402
-from tritonllm_loadtest.stats import LATENCIES, Recorder, Snapshot  # noqa: E402
+from tritonllm_loadtest.stats import LATENCIES, Recorder, Snapshot, add  # noqa: E402
 from tritonllm_loadtest.transports import (  # noqa: E402
     TRANSPORTS,
     GenerationResult,
@@ -293,10 +293,10 @@ class LLMLoadShape(LoadTestShape):
         users = self.config.users_at(self.get_run_time())
         if users is None:
             return None
-        options = self.runner.environment.parsed_options
         if self.config.open_loop:
             return users, float(users), [OpenLoopUser]
-        return users, self.config.spawn_rate, [TRANSPORT_USERS[options.llm_transport]]
+        transport = self.runner.environment.parsed_options.llm_transport
+        return users, self.config.spawn_rate, [TRANSPORT_USERS[transport]]
 
 
 @dataclass
@@ -325,15 +325,15 @@ class TimeSeries:
         return (context.in_flight, context.tokens_received) if context else (0, 0)
 
     def snapshot(self) -> Snapshot:
-        stats = self.environment.runner.stats
+        runner = self.environment.runner
+        stats = runner.stats
         hists: dict[str, dict[float, int]] = {name: {} for name in LATENCIES}
         requests = failures = 0
         for (_name, method), entry in stats.entries.items():
             family = LATENCY_TYPES.get(method) or ("e2e" if method in REQUEST_TYPES.values() else None)
             if family is None:
                 continue
-            for ms, n in entry.response_times.items():
-                hists[family][ms] = hists[family].get(ms, 0) + n
+            add(hists[family], entry.response_times)
             if family == "e2e":
                 requests += entry.num_requests
                 failures += entry.num_failures
@@ -341,7 +341,6 @@ class TimeSeries:
         for error in stats.errors.values():
             kind = str(error.error).split(":", 1)[0]
             errors[kind] = errors.get(kind, 0) + error.occurrences
-        runner = self.environment.runner
         t = time.monotonic() - self.started
         in_flight, tokens = self.live_counts()
         return Snapshot(t, runner.user_count, in_flight, requests, failures, tokens, hists, errors)

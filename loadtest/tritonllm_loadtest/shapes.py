@@ -1,7 +1,8 @@
 """Load shapes as pure schedules: elapsed seconds -> (users, spawn rate), or None when the run is over.
 
 The locustfile wraps the configured schedule in one ``LoadTestShape``. ``poisson`` is open loop: a fixed
-set of arrival users fire requests at exponential intervals whatever the response times (see users.py).
+set of arrival users fire requests at exponential intervals whatever the response times (``OpenLoopUser``
+in locust_plugin.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ so percentiles here match Locust's own to its rounding. Pure code: the locustfil
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 Histogram = dict[float, int]
@@ -55,6 +54,10 @@ class Snapshot:
     errors: dict[str, int]
 
 
+def empty_snapshot() -> Snapshot:
+    return Snapshot(0.0, 0, 0, 0, 0, 0, {}, {})
+
+
 @dataclass
 class Stage:
     """A period at one target user count (a step of a ramp, the spike, ...)."""
@@ -90,7 +93,7 @@ class Recorder:
         self.last: Snapshot | None = None
 
     def add(self, snap: Snapshot, target_users: int) -> None:
-        prev = self.last or Snapshot(0.0, 0, 0, 0, 0, 0, {}, {})
+        prev = self.last or empty_snapshot()
         interval = max(snap.t - prev.t, 1e-9)
         delta = {name: subtract(snap.hists.get(name, {}), prev.hists.get(name, {})) for name in LATENCIES}
         requests, failures = snap.requests - prev.requests, snap.failures - prev.failures
@@ -120,7 +123,7 @@ class Recorder:
 
     def result(self) -> dict[str, object]:
         """Everything the report needs, JSON-ready."""
-        last = self.last or Snapshot(0.0, 0, 0, 0, 0, 0, {}, {})
+        last = self.last or empty_snapshot()
         return {
             "samples": self.samples,
             "stages": [stage.figures() for stage in self.stages],
@@ -129,7 +132,7 @@ class Recorder:
                 "requests": last.requests,
                 "failures": last.failures,
                 "output_tokens": last.output_tokens,
-                "errors_by_kind": dict(Counter(last.errors)),
+                "errors_by_kind": dict(last.errors),
                 "hists": {name: {str(k): n for k, n in h.items()} for name, h in last.hists.items()},
             },
         }

@@ -2,7 +2,7 @@
 
 One transport object per Locust user (``requests`` sessions and gRPC channels are not shared between
 greenlets). They work in plain threads too; under Locust the process is gevent-patched (and gRPC is put
-into gevent mode by ``grpc_gevent.py``), so a blocking read yields to the other users.
+into gevent mode by ``locust_plugin.py``), so a blocking read yields to the other users.
 """
 
 from __future__ import annotations
