@@ -158,10 +158,11 @@ class ProcessContext:
 
     def run(self, transport_name: str, transport, request: GenerationRequest) -> None:
         self.in_flight += 1
+        started = time.perf_counter()
         try:
             result = transport.generate(request, self._receive_token)
-        except Exception as exc:  # an unexpected reply must still count as a failed request
-            result = GenerationResult(start=time.perf_counter()).fail("client_error", f"{exc!r}")
+        except Exception as exc:  # an unexpected reply must still count as a failed request, timed
+            result = GenerationResult(start=started).fail("client_error", f"{exc!r}")
         finally:
             self.in_flight -= 1
         if not result.token_times:  # not streamed: the tokens arrived all at once
