@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonllm.build.options import QUANTIZATIONS  # what build_engines/build.py accepts
 from tritonllm.triton.launcher import ADMIN_HEADER, RESTRICTED  # the same admin restriction as `launch`
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 BUILD_SCRIPT = "/opt/tritonllm/build_engines/build.py"
-QUANTIZATIONS = ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
 
 
 @dataclass

@@ -9,9 +9,10 @@ import pytest
 import requests
 import triton_fixture
 from build_engine_helpers import build_without_source
+from engine_helpers import make_engine
 from triton_fixture import start_server, tiny_server_options
 
-from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
+from tritonllm.engine import SamplingParams
 from tritonllm.triton.text import CONTEXT_TOKENS, TextCodec
 
 PROMPTS = ["The quick brown fox", "A paged key-value cache"]
@@ -21,9 +22,7 @@ MAX_TOKENS = 10
 def engine_text(engine_dir: Path, prompt: str) -> str:
     """Greedy output of the project's engine on the engine dir, decoded like postprocessing does."""
     codec = TextCodec(str(engine_dir))
-    engine = LLMEngine(
-        EngineConfig(model=str(engine_dir), tokens_per_block=4, num_kv_blocks=512, num_threads=1)
-    )
+    engine = make_engine(engine_dir, num_kv_blocks=512)
     ids = codec.encode(prompt)
     engine.add_request(uuid.uuid4().hex, ids, SamplingParams(max_tokens=MAX_TOKENS, top_k=1))
     tokens: list[int] = []

@@ -59,8 +59,9 @@ def dashboard() -> dict:
 
 
 def dashboard_expressions() -> list[str]:
-    exprs = [target["expr"] for panel in dashboard()["panels"] for target in panel["targets"]]
-    exprs += [var["definition"] for var in dashboard()["templating"]["list"]]
+    board = dashboard()
+    exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+    exprs += [var["definition"] for var in board["templating"]["list"]]
     return exprs
 
 

@@ -31,7 +31,7 @@ def check_output(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise BuildError(f"--output {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        info = read_build_info(out) if (out / "config.json").is_file() else None
+        info = read_build_info(out)
         what = f"a {info['backend']} engine ({info['quantization']})" if info else "other files"
         raise BuildError(f"--output {out} already holds {what}: pass --force to replace it")
 

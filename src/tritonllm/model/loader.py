@@ -54,12 +54,12 @@ def load_model(
     path = Path(path)
     args = read_model_args(path)
     built = built_quantization(path)
-    if built not in (None, "none") and quantization != built:
+    prequantized = built not in (None, "none")
+    if prequantized and quantization != built:
         raise UnsupportedModelError(
             f"{path} holds {built} weights (an engine directory); it runs with quantization={built!r}, "
             f"not {quantization!r}: rebuild it with build_engines/build.py for another quantization"
         )
-    prequantized = built not in (None, "none")
     tensors = _load_tensors(path)
     torch_dtype = DTYPES[dtype]
 
