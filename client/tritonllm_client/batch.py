@@ -87,7 +87,7 @@ class JsonlLog:
 
     def _drop_torn_tail(self) -> None:
         size = os.fstat(self.fd).st_size
-        if size == 0:
+        if size == 0 or os.pread(self.fd, 1, size - 1) == b"\n":  # intact: no need to read it all
             return
         data = os.pread(self.fd, size, 0)
         keep = data.rfind(b"\n") + 1

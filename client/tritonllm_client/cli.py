@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("health", help="server and model readiness and metadata (exit 1 if not ready)")
 
-    for sub in commands.choices.values():
+    for name, sub in commands.choices.items():
         _add_connection(sub)
-        if sub.prog.split()[-1] in ("generate", "chat", "batch"):
+        if name in ("generate", "chat", "batch"):
             _add_sampling(sub)
     return parser
 

@@ -149,5 +149,3 @@ class ClientConfig:
         _check(self.max_concurrency >= 1, "max_concurrency", "must be >= 1")
         _check(self.request_timeout_s > 0, "request_timeout_s", "must be > 0")
         _check(self.connect_timeout_s > 0, "connect_timeout_s", "must be > 0")
-        if self.rate_limit is not None and self.rate_limit.unit == "tokens":
-            _check(self.rate_limit.burst >= 1, "rate_limit.burst", "must hold at least one request's tokens")

@@ -93,18 +93,14 @@ class GrpcTransport:
 
         responses = self._client.stream_infer(one_request())
         try:
-            while True:
-                try:
-                    result, error = await responses.__anext__()
-                except StopAsyncIteration:
-                    return
-                except (grpc.aio.AioRpcError, InferenceServerException) as exc:
-                    raise _grpc_error(exc, model) from None
+            async for result, error in responses:
                 if error is not None:
                     raise _grpc_error(error, model)
                 response = result.get_response()
                 if response.outputs:
                     yield piece_from_outputs({o.name: result.as_numpy(o.name) for o in response.outputs})
+        except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+            raise _grpc_error(exc, model) from None
         finally:
             responses.cancel()  # no-op after a normal end; cancels the request on the server otherwise
 
