@@ -61,7 +61,6 @@ class CircuitBreaker:
     """Counts only unavailable/busy errors; any other outcome means the server answered."""
 
     def __init__(self, policy: BreakerPolicy):
-        self.policy = policy
         self._breaker = pybreaker.CircuitBreaker(
             fail_max=policy.failures,
             reset_timeout=policy.reset_timeout_s,

@@ -74,7 +74,6 @@ class GrpcTransport:
     """One channel per client, one bidirectional stream per generation."""
 
     def __init__(self, url: str, connect_timeout_s: float):
-        self.url = url
         self.connect_timeout_s = connect_timeout_s
         self._client = grpcaio.InferenceServerClient(url)
 
