@@ -50,9 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(
         sub.add_parser("launch", help="serve the model on Triton Inference Server (HTTP, gRPC, metrics)")
     )
+    from tritonllm.openai import server as openai_server
+
+    openai_server.add_arguments(
+        sub.add_parser("openai", help="OpenAI-compatible API in front of a Triton server (gRPC)")
+    )
     args = parser.parse_args(argv)
     if args.command == "launch":
         return launch(options_from_args(args))
+    if args.command == "openai":
+        return openai_server.run(openai_server.config_from_args(args))
 
     from tritonllm.default_model import model_path_or_default
 

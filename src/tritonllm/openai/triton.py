@@ -1,0 +1,137 @@
+"""The front door's Triton client: one gRPC stream per generation into `tensorrt_llm_bls`.
+
+Tensors are built and responses read with the `tritonllm-client` package's helpers, so the front door
+reads token counts, log-probabilities and finish reasons exactly as that client does. Leaving the
+iteration early (client gone, stop string, timeout) cancels the gRPC stream; the BLS then cancels the
+engine request, which frees its KV blocks within one step.
+
+Triton's errors become the caller's status: the engine's busy error 429, Triton unreachable 503, bad
+input 400 (Triton names the tensor; the message says which), a missing model 503.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+from tritonllm_client.errors import (
+    ClientError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    ServerBusyError,
+    ServerUnavailableError,
+    classify,
+)
+from tritonllm_client.results import Piece, piece_from_outputs
+from tritonllm_client.transport import grpc_tensor
+
+from tritonllm.openai.errors import APIError
+
+# Triton tensor -> the OpenAI parameter that sets it (for 400s raised by the server).
+TENSOR_TO_PARAM = {
+    "text_input": "prompt",
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "seed": "seed",
+    "stop_words": "stop",
+    "min_tokens": "min_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "guided_decoding_guide_type": "response_format",
+    "guided_decoding_guide": "response_format",
+}
+
+
+def api_error(exc: ClientError, retry_after_s: float) -> APIError:
+    """The status and body a caller gets for a Triton error."""
+    message = str(exc)
+    if isinstance(exc, ServerBusyError):
+        return APIError(
+            429,
+            f"the engine is busy, retry later ({message})",
+            type="rate_limit_error",
+            code="engine_busy",
+            retry_after_s=retry_after_s,
+            reason="engine_busy",
+        )
+    if isinstance(exc, ServerUnavailableError | ModelNotFoundError):
+        return APIError(
+            503,
+            f"the inference server is unavailable: {message}",
+            type="server_error",
+            code="backend_unavailable",
+            reason="backend_unavailable",
+        )
+    if isinstance(exc, InvalidRequestError):
+        param = next((p for t, p in TENSOR_TO_PARAM.items() if f"'{t}'" in message), None)
+        return APIError(400, message, param=param, code="invalid_value", reason="invalid_request")
+    return APIError(
+        500,
+        f"generation failed: {message}",
+        type="server_error",
+        code="internal_error",
+        reason="internal_error",
+    )
+
+
+class TritonBackend:
+    """One gRPC channel to Triton; `generate` streams one request's pieces."""
+
+    def __init__(self, url: str, model: str, connect_timeout_s: float, retry_after_s: float):
+        self.url = url
+        self.model = model
+        self.connect_timeout_s = connect_timeout_s
+        self.retry_after_s = retry_after_s
+        self._client = grpcaio.InferenceServerClient(url)
+
+    def _error(self, exc: Exception) -> APIError:
+        if isinstance(exc, grpc.aio.AioRpcError):
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                return api_error(ServerUnavailableError(exc.details() or "UNAVAILABLE"), self.retry_after_s)
+            return api_error(classify(f"{exc.code().name}: {exc.details()}", self.model), self.retry_after_s)
+        text = exc.message() if isinstance(exc, InferenceServerException) else str(exc)
+        status = exc.status() if isinstance(exc, InferenceServerException) else None
+        if status and "UNAVAILABLE" in status and "busy" not in (text or "").lower():
+            return api_error(ServerUnavailableError(text or status), self.retry_after_s)
+        return api_error(classify(text or str(exc), self.model), self.retry_after_s)
+
+    async def generate(self, inputs: dict[str, Any], priority: int, request_id: str) -> AsyncIterator[Piece]:
+        """Stream one generation. Closing this iterator early cancels the request on the server."""
+        request = {
+            "model_name": self.model,
+            "inputs": [grpc_tensor(name, value) for name, value in inputs.items()],
+            "request_id": request_id,
+            "priority": priority,  # Triton's request priority (the gRPC `priority` request parameter)
+        }
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            yield request  # then half-close: Triton ends the stream after the final response
+
+        responses = self._client.stream_infer(one_request())
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise self._error(error)
+                response = result.get_response()
+                if response.outputs:
+                    yield piece_from_outputs({o.name: result.as_numpy(o.name) for o in response.outputs})
+        except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+            raise self._error(exc) from None
+        finally:
+            responses.cancel()  # a no-op after the final response; cancels the request otherwise
+
+    async def ready(self) -> bool:
+        """Whether Triton answers and the model is ready."""
+        try:
+            return bool(await self._client.is_model_ready(self.model, client_timeout=self.connect_timeout_s))
+        except (grpc.aio.AioRpcError, InferenceServerException):
+            return False
+
+    async def close(self) -> None:
+        await self._client.close()
