@@ -86,14 +86,25 @@ def test_end_id_and_min_tokens(tiny_llama_dir: Path) -> None:
 
 
 def test_ignore_eos_generates_through_eos(tiny_llama_dir: Path) -> None:
+    """Force an end token: the greedy output's third token is made the end id, so a plain request stops
+    there; with `ignore_eos` the same request generates through it to max_tokens, token for token."""
     engine = make_engine(tiny_llama_dir)
-    eos = next(iter(engine.eos_ids))
-    params = SamplingParams(max_tokens=10, temperature=0.0, end_id=None, ignore_eos=True)
-    rigged = SamplingParams(max_tokens=10, temperature=0.0, end_id=eos, min_tokens=0)
-    plain, _ = finish_of(engine, "plain", PROMPT, params)
-    assert len(plain) == 10
-    stopped, final = finish_of(engine, "rigged", PROMPT, rigged)
-    assert (eos in plain) == (final.finish_reason is FinishReason.STOP)
+    reference, _ = finish_of(engine, "reference", PROMPT, SamplingParams(max_tokens=10, temperature=0.0))
+    assert len(reference) == 10, "the tiny model ended early; pick another prompt"
+    forced_end = reference[2]
+    stopped, final = finish_of(
+        engine, "stops", PROMPT, SamplingParams(max_tokens=10, temperature=0.0, end_id=forced_end)
+    )
+    assert (
+        final.finish_reason is FinishReason.STOP and stopped == reference[: reference.index(forced_end) + 1]
+    )
+    through, final = finish_of(
+        engine,
+        "through",
+        PROMPT,
+        SamplingParams(max_tokens=10, temperature=0.0, end_id=forced_end, ignore_eos=True),
+    )
+    assert final.finish_reason is FinishReason.LENGTH and through == reference
 
 
 def test_logprobs_are_model_log_probabilities(tiny_llama_dir: Path) -> None:

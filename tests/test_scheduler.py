@@ -85,7 +85,11 @@ def check_step(sched: Scheduler, out: SchedulerOutput, running_before: list[Sequ
     admitted = [s for s in seqs if s in waiting_before]
     assert {id(s) for s in sched.running} == {id(s) for s in kept + admitted}
     if victims:
-        assert not admitted, "admitted a request in a step that preempted one"
+        # Only a better-priority request may start in a step that preempted one (it made the room).
+        worst_kept = min(v.priority for v in victims)
+        assert all(s.priority < worst_kept for s in admitted), (
+            "admitted a request in a step that preempted one"
+        )
 
     # Admission goes by priority: in order, and no better waiting request is left behind.
     keys = [s.sort_key() for s in admitted]
@@ -270,3 +274,29 @@ def test_all_requests_complete(cfg, reqs, seed):
     assert all(s.finish_reason is FinishReason.LENGTH for s in seqs)
     assert all(s.num_output_tokens == s.params.max_tokens for s in seqs)
     finish_all(sched, seqs)
+
+
+def test_a_waiting_high_priority_request_preempts_a_running_low_priority_one() -> None:
+    """max_num_seqs full of priority-1 requests: a priority-0 arrival starts at once, the newest 1 waits."""
+    sched = make_scheduler(
+        {
+            "num_blocks": 16,
+            "tokens_per_block": 4,
+            "max_num_seqs": 2,
+            "max_num_batched_tokens": 16,
+            "prefix_caching": True,
+        }
+    )
+    low = [make_seq(sched, [1, 2, 3], 8, priority=1) for _ in range(2)]
+    for seq in low:
+        sched.add(seq)
+    sched.schedule()
+    assert sched.running == low
+    high = make_seq(sched, [4, 3, 2], 8, priority=0)
+    sched.add(high)
+    out = sched.schedule()
+    assert out.preempted == [low[1]] and high in sched.running and low[1].status is SequenceStatus.WAITING
+    # Equal priority never preempts.
+    peer = make_seq(sched, [4, 4], 8, priority=1)
+    sched.add(peer)
+    assert sched.schedule().preempted == [] and peer.status is SequenceStatus.WAITING

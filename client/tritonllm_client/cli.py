@@ -43,6 +43,7 @@ def _add_sampling(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min-tokens", type=int)
     group.add_argument("--seed", type=int)
     group.add_argument("--end-id", type=int)
+    group.add_argument("--priority", type=int, help="lower is served first (server default 0)")
     group.add_argument("--stop", action="append", default=[], help="stop word (repeatable)")
     group.add_argument("--logprobs", action="store_true", help="return per-token log-probabilities")
 
@@ -105,6 +106,7 @@ def _sampling(args: argparse.Namespace) -> SamplingOptions:
         min_tokens=args.min_tokens,
         seed=args.seed,
         end_id=args.end_id,
+        priority=args.priority,
         stop_words=tuple(args.stop),
         return_log_probs=args.logprobs,
     )

@@ -112,6 +112,7 @@ class AsyncClient:
             **options.inputs(),
             "stream": streaming,
             "exclude_input_in_output": True,
+            "return_num_output_tokens": True,
         }
         await self._bounded(self._slots.acquire(), deadline, "waiting for a concurrency slot")
         try:

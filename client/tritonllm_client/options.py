@@ -43,6 +43,7 @@ class SamplingOptions:
     end_id: int | None = None
     stop_words: tuple[str, ...] = ()
     return_log_probs: bool = False
+    priority: int | None = None  # lower is served first (the server's default is 0)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_tokens, int), "max_tokens", "must be an int")
@@ -57,6 +58,7 @@ class SamplingOptions:
         _check_range("min_tokens", self.min_tokens, 0, self.max_tokens)
         _check_range("seed", self.seed, 0, UINT64_MAX)
         _check_range("end_id", self.end_id, 0, INT32_MAX)
+        _check_range("priority", self.priority, -INT32_MAX - 1, INT32_MAX)
         _check(
             all(isinstance(w, str) and w for w in self.stop_words), "stop_words", "must be non-empty strings"
         )

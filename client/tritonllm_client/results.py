@@ -1,8 +1,8 @@
 """What a generation returns, and how it is assembled from the server's responses.
 
-Token counts are exact, not estimated: every response carries `output_log_probs` with one entry per token
-it adds (zeros unless log-probs were requested), so the output token count is the sum of their lengths.
-A server without that output (none known) falls back to one token per streamed response. The prompt count
+Token counts are exact, not estimated: the client asks for `num_output_tokens` (the tokens each response
+adds, as Triton's OpenAI frontend reads it), else counts `output_log_probs` entries when log-probs were
+requested; a server with neither falls back to one token per streamed response. The prompt count
 comes from the `preprocessing` model when `ClientConfig.count_prompt_tokens` is set, else it is None.
 """
 
@@ -21,7 +21,7 @@ class Piece:
     """One server response, normalised across gRPC and HTTP."""
 
     text: str
-    num_tokens: int | None  # None when the server sends no `output_log_probs`
+    num_tokens: int | None  # None when the server sends neither `num_output_tokens` nor `output_log_probs`
     log_probs: list[float]
     cum_log_prob: float | None
     finish_reason: str | None  # this project's extension; absent on NVIDIA's backend
@@ -47,9 +47,13 @@ def piece_from_outputs(outputs: Mapping[str, Any]) -> Piece:
     )
     cum = _flat(outputs["cum_log_probs"]) if "cum_log_probs" in outputs else None
     reason = _text(outputs["finish_reason"]) if "finish_reason" in outputs else ""
+    if "num_output_tokens" in outputs:
+        num_tokens: int | None = int(_flat(outputs["num_output_tokens"])[0])
+    else:
+        num_tokens = None if log_probs is None else len(log_probs)
     return Piece(
         text=_text(outputs.get("text_output", "")),
-        num_tokens=None if log_probs is None else len(log_probs),
+        num_tokens=num_tokens,
         log_probs=log_probs or [],
         cum_log_prob=float(cum[0]) if cum is not None and cum.size else None,
         finish_reason=reason or None,

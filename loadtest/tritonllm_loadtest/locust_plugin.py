@@ -43,6 +43,7 @@ from tritonllm_loadtest.workload import (  # noqa: E402
     Workload,
     WorkloadConfig,
     default_tokenizer_dir,
+    parse_priorities,
 )
 
 log = logging.getLogger("tritonllm_loadtest")
@@ -65,6 +66,11 @@ def add_options(parser) -> None:
     add("--llm-max-tokens", default="fixed:64", help="max_tokens distribution (same forms)")
     add("--llm-any-length", action="store_true", help="let EOS end replies (default: min_tokens=max_tokens)")
     add("--llm-seed", type=int, default=0)
+    add(
+        "--llm-priorities",
+        default="",
+        help="priority tiers priority:weight,... (lower is served first), e.g. 0:1,5:3; stats per tier",
+    )
     add("--llm-timeout", type=float, default=120.0, help="seconds per request")
     add("--llm-shape", choices=SHAPES, default="constant")
     add("--llm-duration", type=float, default=60.0, help="seconds")
@@ -129,6 +135,7 @@ class ProcessContext:
                 max_tokens=IntDistribution.parse(options.llm_max_tokens),
                 prompts=options.llm_prompts,
                 seed=options.llm_seed,
+                priorities=parse_priorities(options.llm_priorities),
             )
         )
         self.in_flight = 0
@@ -167,20 +174,22 @@ class ProcessContext:
             self.in_flight -= 1
         if not result.token_times:  # not streamed: the tokens arrived all at once
             self._receive_token(result.output_tokens)
-        self.fire(transport_name, result)
+        self.fire(transport_name, result, request.priority)
 
     def _receive_token(self, n: int = 1) -> None:
         self.tokens_received += n
         self.metrics.tokens_received(n)
 
-    def fire(self, transport_name: str, result: GenerationResult) -> None:
+    def fire(self, transport_name: str, result: GenerationResult, priority: int = 0) -> None:
+        """Locust events named by the model, and by the priority tier when the workload mixes tiers."""
         model, fire = self.options.llm_model, self.environment.events.request.fire
+        name = f"{model} p{priority}" if self.options.llm_priorities else model
         self.metrics.record(result)
         error = None if result.ok else LoadTestError(result.error_kind or "", result.error_message)
         context = {"model": model}
         fire(
             request_type=REQUEST_TYPES[transport_name],
-            name=model,
+            name=name,
             response_time=result.e2e_s * 1000,
             response_length=result.output_tokens,
             exception=error,
@@ -189,10 +198,10 @@ class ProcessContext:
         if not result.ok:
             return
         if result.ttft_s is not None:
-            fire(request_type="TTFT", name=model, response_time=result.ttft_s * 1000, response_length=0,
+            fire(request_type="TTFT", name=name, response_time=result.ttft_s * 1000, response_length=0,
                  exception=None, context=context)  # fmt: skip
         for gap in result.itls_s:
-            fire(request_type="ITL", name=model, response_time=gap * 1000, response_length=0,
+            fire(request_type="ITL", name=name, response_time=gap * 1000, response_length=0,
                  exception=None, context=context)  # fmt: skip
 
 
@@ -264,7 +273,8 @@ class OpenLoopUser(User):
         request = self.requests.next()
         if self.pool.full():
             dropped = GenerationResult(start=time.perf_counter())
-            self.context.fire(self.transport_name, dropped.fail("dropped", "max in-flight requests reached"))
+            dropped.fail("dropped", "max in-flight requests reached")
+            self.context.fire(self.transport_name, dropped, request.priority)
             return
         self.pool.spawn(self._send, request)
 

@@ -29,6 +29,7 @@ TENSOR_TYPES = {
     "min_tokens": "INT32",
     "stream": "BOOL",
     "exclude_input_in_output": "BOOL",
+    "priority": "INT32",
 }
 PACK_FORMATS = {"INT32": "<i", "BOOL": "<?"}
 
@@ -80,6 +81,8 @@ def request_inputs(request: GenerationRequest, stream: bool, exact_output: bool)
     }
     if exact_output:
         inputs["min_tokens"] = request.max_tokens
+    if request.priority:
+        inputs["priority"] = request.priority
     return inputs
 
 

@@ -2,7 +2,8 @@
 
 Synthetic prompts are slices of a bundled corpus cut to the sampled number of tokens with the model's
 ``tokenizer.json`` (re-encoded to measure what the server will actually see); ``bundled`` picks from a
-small prompt set. The same seed and stream index always give the same requests.
+small prompt set. Requests may carry a priority tier drawn from a weighted mix (``priorities``). The same
+seed and stream index always give the same requests.
 """
 
 from __future__ import annotations
@@ -56,10 +57,27 @@ class WorkloadConfig:
     max_tokens: IntDistribution
     prompts: str = "synthetic"
     seed: int = 0
+    priorities: tuple[tuple[int, float], ...] = ()  # (priority, weight) tiers; empty: all at the default
 
     def __post_init__(self) -> None:
         if self.prompts not in PROMPT_SOURCES:
             raise ValueError(f"prompts must be one of {PROMPT_SOURCES}, got {self.prompts!r}")
+        if any(weight <= 0 for _, weight in self.priorities):
+            raise ValueError(f"priority weights must be positive, got {self.priorities}")
+
+
+def parse_priorities(spec: str) -> tuple[tuple[int, float], ...]:
+    """``"0:1,5:3"`` -> one request in four at priority 0 (served first), three at 5; ``""`` -> none."""
+    tiers = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        priority, _, weight = part.partition(":")
+        try:
+            tiers.append((int(priority), float(weight or 1)))
+        except ValueError:
+            raise ValueError(
+                f"priorities: expected priority:weight pairs like 0:1,5:3, got {spec!r}"
+            ) from None
+    return tuple(tiers)
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,7 @@ class GenerationRequest:
     prompt: str
     input_tokens: int  # measured with the model's tokenizer (no special tokens)
     max_tokens: int
+    priority: int = 0  # lower is served first; 0 is the server's default
 
 
 class Workload:
@@ -125,4 +144,9 @@ class RequestStream:
             prompt, n_input = self.rng.choice(self.workload.bundled_with_lengths)
         else:
             prompt, n_input = self.workload.synthetic_prompt(self.rng, config.input_tokens.sample(self.rng))
-        return GenerationRequest(prompt, n_input, config.max_tokens.sample(self.rng))
+        max_tokens = config.max_tokens.sample(self.rng)
+        priority = 0
+        if config.priorities:
+            tiers, weights = zip(*config.priorities, strict=True)
+            priority = self.rng.choices(tiers, weights)[0]
+        return GenerationRequest(prompt, n_input, max_tokens, priority)

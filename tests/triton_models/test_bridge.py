@@ -12,7 +12,7 @@ from triton_fixture import wait_for
 
 from tritonllm.engine import EngineConfig
 from tritonllm.triton.bridge import EngineBridge, FinishedRequest
-from tritonllm.triton.tensors import parse_engine_request
+from tritonllm.triton.tensors import EngineRequest, parse_engine_request
 
 WAIT_S = 60.0
 
@@ -36,7 +36,8 @@ class FakeChannel:
         return [int(t) for out, _, _ in self.responses if out for t in out["output_ids"].reshape(-1)]
 
 
-def request(prompt: list[int], max_tokens: int, **extra):
+def request(prompt: list[int], max_tokens: int, **extra) -> list[EngineRequest]:
+    """A one-row request as `EngineBridge.submit` takes it."""
     inputs = {
         "input_ids": np.array([prompt], dtype=np.int32),
         "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
@@ -44,7 +45,7 @@ def request(prompt: list[int], max_tokens: int, **extra):
         "min_tokens": np.array([[max_tokens]], dtype=np.int32),  # no early EOS: lengths are predictable
     }
     inputs.update({k: np.array([[v]]) for k, v in extra.items()})
-    return parse_engine_request(inputs)
+    return [parse_engine_request(inputs)]
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_client_cancellation_frees_blocks_within_a_step(bridge: EngineBridge) ->
     assert error is None and last["finish_reason"].reshape(-1)[0] == "abort", "the last response says why"
     # Stats are refreshed at the end of the step that aborted it.
     assert wait_for(lambda: bridge.engine.stats().kv_blocks_used == 0, 5)
-    assert bridge.finished[-1].output.finish_reason.value == "abort"
+    assert bridge.finished[-1].reason == "abort"
 
 
 def test_stop_input_cancels_by_triton_request_id(bridge: EngineBridge) -> None:
@@ -123,7 +124,7 @@ def test_stop_input_cancels_by_triton_request_id(bridge: EngineBridge) -> None:
             "stop": np.array([[True]]),
         }
     )
-    bridge.submit("victim", stop, stopper)
+    bridge.submit("victim", [stop], stopper)
     assert stopper.done.is_set() and stopper.responses == [(None, None, True)]
     assert chan.done.wait(5) and len(chan.tokens()) < 400
 

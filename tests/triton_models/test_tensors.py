@@ -9,6 +9,7 @@ from tritonllm.triton.tensors import (
     RequestError,
     from_word_list,
     parse_engine_request,
+    split_batch,
     to_word_list,
 )
 
@@ -69,6 +70,9 @@ def test_input_lengths_truncates_padded_ids() -> None:
         ({"request_output_len": np.array([[0]], dtype=np.int32)}, "request_output_len"),
         ({"presence_penalty": np.array([[5.0]], dtype=np.float32)}, "presence_penalty"),
         ({"min_tokens": np.array([[99]], dtype=np.int32)}, "min_tokens"),
+        ({"runtime_top_p_decay": np.array([[0.5]], dtype=np.float32)}, "runtime_top_p_decay"),
+        ({"prompt_embedding_table": np.ones((1, 2, 4), dtype=np.float16)}, "prompt_embedding_table"),
+        ({"lookahead_window_size": np.array([[4]], dtype=np.int32)}, "lookahead_window_size"),
         ({"input_lengths": np.array([[9]], dtype=np.int32)}, "input_lengths"),
         ({"guided_decoding_guide": np.array([[b"{}"]], dtype=object)}, "guided_decoding_guide"),
     ],
@@ -86,11 +90,21 @@ def test_errors_also_name_the_ensemble_input() -> None:
     assert str(info.value.for_ensemble()).startswith("input 'top_p': must be in [0, 1]")
 
 
-def test_batch_of_two_is_rejected() -> None:
+def test_a_batch_splits_into_rows_as_nvidia_batch_index() -> None:
+    inputs = engine_inputs()
+    inputs["input_ids"] = np.array([[1, 2, 0], [3, 4, 5]], dtype=np.int32)
+    inputs["input_lengths"] = np.array([[2], [3]], dtype=np.int32)
+    inputs["request_output_len"] = np.array([[4], [6]], dtype=np.int32)
+    rows = [parse_engine_request(row) for row in split_batch(inputs)]
+    assert [r.prompt_ids for r in rows] == [[1, 2], [3, 4, 5]]
+    assert [r.params.max_tokens for r in rows] == [4, 6]
+
+
+def test_batch_sizes_must_agree() -> None:
     inputs = engine_inputs()
     inputs["input_ids"] = np.array([[1, 2], [3, 4]], dtype=np.int32)
-    with pytest.raises(RequestError, match="batch size 2"):
-        parse_engine_request(inputs)
+    with pytest.raises(RequestError, match="'input_lengths'.*batch size 1, other inputs 2"):
+        split_batch(inputs)
 
 
 def test_stop_request_needs_no_sampling() -> None:
@@ -110,3 +124,36 @@ def test_stop_and_bad_words_reach_sampling_params() -> None:
     )
     assert req.params.stop_token_ids == [[9, 10], [11]]
     assert req.params.bad_token_ids == [[3, 4]]
+
+
+def test_beam_search_only_inputs_are_accepted_and_ignored_with_beam_width_1() -> None:
+    req = parse_engine_request(
+        engine_inputs(
+            early_stopping=np.array([[True]]),
+            beam_search_diversity_rate=np.array([[0.3]], dtype=np.float32),
+            runtime_top_p_decay=np.array([[1.0]], dtype=np.float32),
+            runtime_top_p_min=np.array([[0.1]], dtype=np.float32),
+            len_penalty=np.array([[1.2]], dtype=np.float32),
+        )
+    )
+    assert req.params.greedy
+
+
+def test_priority_from_input_then_parameter() -> None:
+    assert parse_engine_request(engine_inputs()).priority == 0
+    assert parse_engine_request(engine_inputs(), priority_parameter=3).priority == 3
+    with_input = engine_inputs(priority=np.array([[-2]], dtype=np.int32))
+    assert parse_engine_request(with_input, priority_parameter=3).priority == -2
+    with pytest.raises(RequestError, match="'priority'"):
+        parse_engine_request(engine_inputs(), priority_parameter="high")
+
+
+def test_return_flags_for_optional_outputs() -> None:
+    req = parse_engine_request(
+        engine_inputs(
+            return_num_input_tokens=np.array([[True]]),
+            return_num_output_tokens=np.array([[True]]),
+            return_perf_metrics=np.array([[True]]),
+        )
+    )
+    assert req.return_num_input_tokens and req.return_num_output_tokens and req.return_perf_metrics

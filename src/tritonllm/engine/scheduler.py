@@ -4,6 +4,9 @@ Every step takes the running requests (decodes get their one token first, prefil
 into the rest of the token budget), then admits waiting requests, best priority first, while the
 token budget, `max_num_seqs` and free KV blocks allow. When a running request can't get a block, the
 lowest-priority, newest running request is preempted: its blocks are freed and it is recomputed later.
+A waiting request with a better priority than running ones also preempts them when it could not
+start otherwise (no free slot or too few free blocks), so a high-priority request never waits for
+low-priority ones to finish; requests of equal priority never preempt each other.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         self.running.sort(key=Sequence.sort_key)
+        self._preempt_for_priority(out)
+        preempted_for_priority = len(out.preempted)
         decodes_left = sum(seq.num_uncomputed_tokens == 1 for seq in self.running)
         i = 0
         while i < len(self.running) and budget > 0:
@@ -88,7 +93,9 @@ class Scheduler:
             self._take(out, seq, num_tokens, copies)
             budget -= num_tokens
             i += 1
-        while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+        # A request preempted for lack of blocks means none is free for newcomers this step.
+        out_of_blocks = len(out.preempted) > preempted_for_priority
+        while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out_of_blocks:
             seq = self._waiting[0][1]
             hit = self.kv.find_prefix_hit(seq) if seq.num_computed_tokens == 0 else PrefixHit()
             num_tokens = min(len(seq) - hit.num_tokens, budget)
@@ -105,6 +112,31 @@ class Scheduler:
             self._take(out, seq, num_tokens, copies)
             budget -= num_tokens
         return out
+
+    def _preempt_for_priority(self, out: SchedulerOutput) -> None:
+        """Preempt the worst running requests for a better waiting one that could not start otherwise.
+
+        Only requests of strictly worse priority, newest first, and only as many as free the slot and
+        the blocks the waiting request's first chunk needs; none if even all of them would not do.
+        """
+        if not self._waiting or not self.running:
+            return
+        head = self._waiting[0][1]
+        needed = self.kv.num_blocks_needed(min(len(head), self.max_num_batched_tokens))
+        free = self.kv.num_free_blocks
+        victims: list[Sequence] = []
+        for seq in reversed(self.running):
+            if len(self.running) - len(victims) < self.max_num_seqs and free >= needed:
+                break
+            if seq.priority <= head.priority:
+                return  # only worse-priority requests may make room, and there are not enough
+            victims.append(seq)
+            free += len(self.kv.block_table(seq.request_id))
+        if len(self.running) - len(victims) >= self.max_num_seqs or free < needed:
+            return
+        for seq in victims:
+            self.running.remove(seq)
+            out.preempted.append(self._preempt(seq))
 
     def _take(self, out: SchedulerOutput, seq: Sequence, num_tokens: int, copies: list) -> None:
         out.chunks.append(ScheduledChunk(seq, num_tokens))

@@ -156,6 +156,11 @@ class ServingEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
+    @property
+    def alive(self) -> bool:
+        """False once the loop died of an error (not after a clean shutdown)."""
+        return self._dead is None
+
     def shutdown(self, drain_timeout_s: float = 0.0, join_timeout_s: float = 30.0) -> None:
         """Stop taking requests, let in-flight ones finish for up to `drain_timeout_s`, abort the rest."""
         deadline = time.monotonic() + drain_timeout_s

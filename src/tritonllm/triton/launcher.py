@@ -39,6 +39,7 @@ ENGINE_MODEL = "tensorrt_llm"
 ADMIN_HEADER = "tritonllm-admin-key"
 RESTRICTED = "model-repository,shared-memory,logging,trace"
 MARKER = ".tritonllm-repository"
+ENGINE_DIED = 3  # `tritonllm launch` exit status when the engine loop died
 
 
 def templates_dir() -> Path:
@@ -72,6 +73,7 @@ class LaunchOptions:
     quantization: str | None = None
     dtype: str | None = None
     drain_timeout_s: float = 5.0
+    decoupled: bool = True  # False: tensorrt_llm and the BLS answer unary calls, one response each
     disable_kernels: bool = False  # engine: PyTorch attention instead of the C++ kernel (no build)
     # After the drain Triton only unloads the stubs (seconds) and waits for open HTTP connections;
     # 2.51 counts one for every past `/generate` call to a decoupled model, so it always waits this long.
@@ -108,6 +110,7 @@ class LaunchOptions:
         values = {k: "" if v is None else str(v) for k, v in asdict(self).items()}
         values["engine_dir"] = str(Path(self.model).resolve())
         values["tokenizer_dir"] = str(Path(self.tokenizer_dir or self.model).resolve())
+        values["decoupled"] = "true" if self.decoupled else "false"
         return values
 
 
@@ -224,6 +227,7 @@ class TritonServer:
         self.extra_env = dict(env or {})
         self.process: subprocess.Popen | None = None
         self._workdir: Path | None = None
+        self._alive_checked_at = 0.0
 
     @property
     def http_url(self) -> str:
@@ -270,6 +274,22 @@ class TritonServer:
                     return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready within {timeout_s}s")
+
+    def engine_alive(self) -> bool:
+        """False once the engine reports its loop died (`tritonllm_engine_alive 0` on /metrics)."""
+        now = time.monotonic()
+        if now < self._alive_checked_at + 1.0:
+            return True
+        self._alive_checked_at = now
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return True  # not answering is the server's own failure, seen by its exit status
+        return not any(
+            line.startswith("tritonllm_engine_alive") and line.rsplit(" ", 1)[-1] in ("0", "0.0")
+            for line in text.splitlines()
+        )
 
     def drain(self) -> bool:
         """Unload the engine model while Triton still serves: its in-flight requests finish within
@@ -349,6 +369,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exit-timeout", type=int, default=15, help="on stop: seconds Triton may take to exit"
     )
+    parser.add_argument(
+        "--decoupled",
+        choices=["true", "false"],
+        default="true",
+        help="false: tensorrt_llm and tensorrt_llm_bls answer non-streaming (unary) calls, no streaming",
+    )
     parser.add_argument("--no-restrict-admin", action="store_true", help="leave the admin APIs open")
     parser.add_argument("--log-verbose", type=int, default=0)
 
@@ -374,6 +400,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         num_threads=args.threads,
         quantization=args.quantization,
         drain_timeout_s=args.drain_timeout,
+        decoupled=args.decoupled == "true",
         exit_timeout_s=args.exit_timeout,
         restrict_admin=not args.no_restrict_admin,
         log_verbose=args.log_verbose,
@@ -410,6 +437,10 @@ def launch(options: LaunchOptions, ready_timeout_s: float = 300.0) -> int:
             print("tritonllm: Ctrl-C stops the server", file=sys.stderr, flush=True)
         while not stopping and server.process is not None and server.process.poll() is None:
             time.sleep(0.2)
+            if not server.engine_alive():
+                print("tritonllm: the engine loop died (see the log above): stopping", file=sys.stderr)
+                server.stop()
+                return ENGINE_DIED
         if stopping:
             print(
                 f"tritonllm: stopping: in-flight requests have {options.drain_timeout_s:g}s to finish, "

@@ -38,6 +38,7 @@ GAUGES = {
     "tritonllm_kv_cache_blocks_used": "KV-cache blocks held by requests",
     "tritonllm_kv_cache_blocks_free": "KV-cache blocks free (including cached prefixes)",
     "tritonllm_kv_cache_usage_ratio": "Fraction of KV-cache blocks in use",
+    "tritonllm_engine_alive": "1 while the engine loop runs, 0 once it died (the launcher then exits)",
 }
 # Counter name -> how to read its running total from EngineStats.
 COUNTERS: dict[str, tuple[str, Callable]] = {
@@ -141,6 +142,7 @@ class MetricsReporter:
             "tritonllm_kv_cache_blocks_used": stats.kv_blocks_used,
             "tritonllm_kv_cache_blocks_free": stats.kv_blocks_free,
             "tritonllm_kv_cache_usage_ratio": stats.kv_usage,
+            "tritonllm_engine_alive": 1.0 if getattr(self._engine, "alive", True) else 0.0,
         }
         for name, value in values.items():
             self._gauges[name].set(float(value))
@@ -152,10 +154,11 @@ class MetricsReporter:
                 self._last_counts[name] = total
 
     def _observe(self, item: FinishedRequest) -> None:
+        if item.reason in self._finished:
+            self._finished[item.reason].increment(1)
         out = item.output
-        reason = out.finish_reason.value if out.finish_reason else "error"
-        if reason in self._finished:
-            self._finished[reason].increment(1)
+        if out is None:  # failed before or while running: counted, no latencies
+            return
         if out.first_scheduled_time_ns:
             self._histograms["tritonllm_queue_time_seconds"].observe(
                 max(0, out.first_scheduled_time_ns - item.received_ns) / 1e9

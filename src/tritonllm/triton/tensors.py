@@ -37,6 +37,7 @@ UNSUPPORTED_ENGINE_INPUTS = (
     "lora_weights",
     "lora_config",
     "prompt_embedding_table",
+    "prompt_table_extra_ids",
     "prompt_vocab_size",
     "guided_decoding_guide_type",
     "guided_decoding_guide",
@@ -44,7 +45,34 @@ UNSUPPORTED_ENGINE_INPUTS = (
     "draft_logits",
     "encoder_input_features",
     "encoder_output_lengths",
+    "decoder_input_ids",
+    "cross_attention_mask",
+    "skip_cross_attn_blocks",
+    "mrope_rotary_cos_sin",
+    "mrope_position_deltas",
     "context_phase_params",
+    "retention_token_range_starts",
+    "retention_token_range_ends",
+    "retention_token_range_priorities",
+    "retention_token_range_durations_ms",
+    "retention_decode_priority",
+    "retention_decode_duration_ms",
+    "lookahead_window_size",
+    "lookahead_ngram_size",
+    "lookahead_verification_set_size",
+)
+# Inputs NVIDIA declares that change nothing for this engine (beam search, draft tokens, top-p decay
+# and encoder-decoder settings without the feature they tune): accepted and ignored, as
+# TensorRT-LLM ignores them with beam_width 1. `runtime_top_p_decay` itself must stay 1 (no decay).
+IGNORED_ENGINE_INPUTS = (
+    "pad_id",
+    "len_penalty",
+    "early_stopping",
+    "beam_search_diversity_rate",
+    "draft_acceptance_threshold",
+    "decoder_input_lengths",
+    "runtime_top_p_min",
+    "runtime_top_p_reset_ids",
 )
 
 # SamplingParams / engine field -> the tensorrt_llm tensor that sets it (for error messages).
@@ -93,12 +121,25 @@ def from_invalid(exc: InvalidRequestError) -> RequestError:
 
 
 def batch_size(inputs: Inputs) -> int:
-    """The request's batch size, which must be 1 (one prompt per request, as NVIDIA's backend)."""
+    """The request's batch size: every batched tensor must have the same first dimension."""
     sizes = {name: arr.shape[0] for name, arr in inputs.items() if arr.ndim > 0}
-    for name, size in sizes.items():
-        if size != 1:
-            raise RequestError(name, f"batch size {size} is not supported; send one request per prompt")
-    return 1
+    if not sizes:
+        return 1
+    size = max(sizes.values())
+    for name, n in sizes.items():
+        if n != size:
+            raise RequestError(name, f"has batch size {n}, other inputs {size}")
+    if size == 0:
+        raise RequestError(next(iter(sizes)), "batch size is 0")
+    return size
+
+
+def split_batch(inputs: Inputs) -> list[dict[str, np.ndarray]]:
+    """One `{name: array}` per batch row, each keeping a batch dimension of 1 (NVIDIA's batch_index)."""
+    n = batch_size(inputs)
+    if n == 1:
+        return [dict(inputs)]
+    return [{name: arr[i : i + 1] if arr.ndim > 0 else arr for name, arr in inputs.items()} for i in range(n)]
 
 
 def row(inputs: Inputs, name: str) -> np.ndarray | None:
@@ -181,7 +222,7 @@ def from_word_list(inputs: Inputs, name: str) -> list[list[int]]:
 
 @dataclass
 class EngineRequest:
-    """A parsed `tensorrt_llm` request."""
+    """A parsed `tensorrt_llm` request (one batch row)."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -189,6 +230,28 @@ class EngineRequest:
     exclude_input_in_output: bool
     return_log_probs: bool
     stop: bool = False
+    priority: int = 0  # lower is served first (the engine's order)
+    return_perf_metrics: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+
+
+def request_priority(inputs: Inputs, parameter: object = None, name: str = "priority") -> int:
+    """The request's priority: the `priority` input, else the `priority` request parameter, else 0.
+
+    Lower values are served first, as in the engine (and unlike Triton's own 1-is-highest levels).
+    """
+    value = scalar(inputs, name, int)
+    if value is not None:
+        return value
+    if parameter is None:
+        return 0
+    try:
+        return int(parameter)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise RequestError(
+            "priority", f"the request parameter must be an integer, got {parameter!r}"
+        ) from None
 
 
 def _reject_unsupported(inputs: Inputs) -> None:
@@ -196,6 +259,9 @@ def _reject_unsupported(inputs: Inputs) -> None:
         value = row(inputs, name)
         if value is not None and np.asarray(value).size > 0:
             raise RequestError(name, "is not supported by this engine")
+    decay = scalar(inputs, "runtime_top_p_decay", float, 1.0)
+    if decay != 1.0:
+        raise RequestError("runtime_top_p_decay", f"top-p decay is not supported (only 1.0), got {decay}")
     beam_width = scalar(inputs, "beam_width", int, 1)
     if beam_width != 1:
         raise RequestError(
@@ -209,10 +275,19 @@ def _reject_unsupported(inputs: Inputs) -> None:
             raise RequestError(name, "returning logits is not supported by this engine")
 
 
-def parse_engine_request(inputs: Inputs) -> EngineRequest:
-    """Validate a `tensorrt_llm` request and build its SamplingParams (limits are checked at submit)."""
-    batch_size(inputs)
-    if scalar(inputs, "stop", bool, False):
+def is_stop(inputs: Inputs) -> bool:
+    """NVIDIA's `stop` input: cancel the in-flight request with the same request id."""
+    return bool(scalar(inputs, "stop", bool, False))
+
+
+def parse_engine_request(inputs: Inputs, priority_parameter: object = None) -> EngineRequest:
+    """Validate one batch row of a `tensorrt_llm` request and build its SamplingParams.
+
+    Limits that depend on the model (prompt length, vocabulary) are checked at submit.
+    """
+    if batch_size(inputs) != 1:
+        raise RequestError("input_ids", "parse one batch row at a time (split_batch)")
+    if is_stop(inputs):
         return EngineRequest([], SamplingParams(max_tokens=1), False, True, False, stop=True)
     ids = row(inputs, "input_ids")
     if ids is None:
@@ -277,4 +352,8 @@ def parse_engine_request(inputs: Inputs) -> EngineRequest:
         streaming=scalar(inputs, "streaming", bool, False),
         exclude_input_in_output=scalar(inputs, "exclude_input_in_output", bool, False),
         return_log_probs=params.logprobs,
+        priority=request_priority(inputs, priority_parameter),
+        return_perf_metrics=scalar(inputs, "return_perf_metrics", bool, False),
+        return_num_input_tokens=scalar(inputs, "return_num_input_tokens", bool, False),
+        return_num_output_tokens=scalar(inputs, "return_num_output_tokens", bool, False),
     )
