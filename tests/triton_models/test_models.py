@@ -88,12 +88,12 @@ def test_postprocess_uses_context(codec: TextCodec) -> None:
             "CONTEXT_IDS": np.array([prompt[-8:]], dtype=np.int32),
         }
     )
-    assert out["OUTPUT"].tolist() == [[b" brown"]]
+    assert out["OUTPUT"].tolist() == [b" brown"], "1-D, one string per row and beam (NVIDIA's shape)"
 
 
 def test_bls_maps_ensemble_names_and_reports_them(codec: TextCodec) -> None:
     bls = BLSModel()
-    bls.codec, bls.pre = codec, preprocessor(codec)
+    bls.codec, bls.pre, bls.decoupled = codec, preprocessor(codec), True
     inputs = {
         "text_input": s("hello"),
         "max_tokens": np.array([[5]], dtype=np.int32),
@@ -184,7 +184,7 @@ def test_metrics_reporter_publishes(tiny_llama_dir: Path) -> None:
                 "min_tokens": np.array([[4]], dtype=np.int32),
             }
         )
-        bridge.submit("m", req, Chan())
+        bridge.submit("m", [req], Chan())
         deadline = time.monotonic() + 120  # may include building the C++ kernel
         while not Chan.done and time.monotonic() < deadline:
             time.sleep(0.01)
