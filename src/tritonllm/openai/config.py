@@ -179,7 +179,7 @@ class FrontDoorConfig:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not self.served_model_name:
-            object.__setattr__(self, "served_model_name", Path(self.tokenizer_dir).resolve().name)
+            object.__setattr__(self, "served_model_name", Path(os.path.abspath(self.tokenizer_dir)).name)
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
         for name in ("request_timeout_s", "connect_timeout_s"):

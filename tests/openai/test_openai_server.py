@@ -1,0 +1,468 @@
+"""The OpenAI front door (`tritonllm openai`) with the official `openai` client against the real Triton.
+
+One Triton server (tiny model, 2 running sequences, a short waiting queue so saturation and the busy
+error are reachable) and one front door process with a keys file serve the whole module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+from triton_fixture import free_ports, metric_sum, start_server, tiny_server_options, wait_for
+
+from tritonllm.tokenization import load_tokenizer
+from tritonllm.triton.launcher import TritonServer
+
+MODEL = "tiny"  # the served model name
+ABORTED = r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
+KV_USED = "tritonllm_kv_cache_blocks_used"
+WAITING = "tritonllm_num_requests_waiting"
+GENERATED = "tritonllm_generation_tokens_total"
+KEYS = {
+    "premium": {"key": "sk-premium", "tier": "premium"},
+    "batch": {"key": "sk-batch", "tier": "batch"},
+    "rpm": {"key": "sk-rpm", "tier": "standard", "requests_per_minute": 600, "burst_s": 1},
+    "tpm": {"key": "sk-tpm", "tier": "standard", "tokens_per_minute": 6000, "burst_s": 1},
+    "conc": {
+        "key": "sk-conc",
+        "tier": "standard",
+        "max_concurrency": 1,
+        "max_queue": 1,
+        "queue_timeout_s": 0.5,
+    },
+}
+
+
+@dataclass
+class Stack:
+    triton: TritonServer
+    url: str  # the front door's base URL, http://host:port
+    model_dir: Path
+
+    @property
+    def metrics(self) -> str:
+        return self.triton.metrics_url
+
+    def client(self, key: str = "premium", **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEYS[key]["key"], max_retries=0, **kwargs)
+
+    def async_client(self, key: str = "premium") -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=KEYS[key]["key"], max_retries=0)
+
+
+def front_door_args(model_dir: Path, triton_url: str) -> list[str]:
+    return ["--model", str(model_dir), "--served-model-name", MODEL, "--triton-url", triton_url]
+
+
+def start_front_door(args: list[str], log_file: Path) -> tuple[subprocess.Popen, str]:
+    """`tritonllm openai` on a free port; returns once it answers /health (any status)."""
+    (port,) = free_ports(1)
+    out = open(log_file, "ab")  # noqa: SIM115 -- lives with the process
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tritonllm.cli", "openai", "--port", str(port), *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            requests.get(f"{url}/health", timeout=2)
+            return True
+        except requests.ConnectionError:
+            return process.poll() is not None
+
+    if not wait_for(answers, timeout_s=120, step_s=0.2) or process.poll() is not None:
+        process.kill()
+        raise RuntimeError(f"front door did not start:\n{log_file.read_text(errors='replace')[-3000:]}")
+    return process, url
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("openai")
+    model_dir = tiny_llama_dir
+    options = tiny_server_options(model_dir, max_num_seqs=2, max_waiting=3)
+    triton = start_server(options, tmp / "tritonserver.log")
+    keys_file = tmp / "keys.json"
+    keys_file.write_text(json.dumps({"keys": [{"name": name, **spec} for name, spec in KEYS.items()]}))
+    try:
+        # The first decode step may build the C++ attention kernel: warm up once, straight on Triton.
+        requests.post(
+            f"http://{triton.http_url}/v2/models/tensorrt_llm_bls/generate",
+            json={"text_input": "warm up", "max_tokens": 2},
+            timeout=300,
+        )
+        process, url = start_front_door(
+            [*front_door_args(model_dir, triton.grpc_url), "--api-keys-file", str(keys_file)],
+            tmp / "front_door.log",
+        )
+        try:
+            yield Stack(triton, url, model_dir)
+        finally:
+            stop_process(process)
+    finally:
+        triton.stop(timeout_s=30)
+
+
+def ensemble_text(
+    stack: Stack, prompt: str, max_tokens: int, model: str = "ensemble", **params: object
+) -> str:
+    body = {"text_input": prompt, "max_tokens": max_tokens, "exclude_input_in_output": True, **params}
+    response = requests.post(
+        f"http://{stack.triton.http_url}/v2/models/{model}/generate", json=body, timeout=60
+    )
+    response.raise_for_status()
+    text = response.json()["text_output"]
+    return text[0] if isinstance(text, list) else text
+
+
+# Generation: text, streaming, usage.
+
+
+def test_completion_text_equals_the_ensemble_and_usage_is_exact(stack: Stack) -> None:
+    prompt = "The quick brown fox"
+    result = stack.client().completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert result.choices[0].text == ensemble_text(stack, prompt, 12)
+    tokenizer = load_tokenizer(stack.model_dir)
+    assert result.usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
+    assert result.choices[0].finish_reason in ("stop", "length")
+    assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
+
+
+def settled(metrics_url: str, pattern: str) -> float:
+    """A counter's value once earlier requests are counted (Triton refreshes them every 0.25 s)."""
+    values = [metric_sum(metrics_url, pattern)]
+
+    def unchanged() -> bool:
+        time.sleep(0.3)  # one refresh period between the two reads being compared
+        values.append(metric_sum(metrics_url, pattern))
+        return values[-1] == values[-2]
+
+    assert wait_for(unchanged, timeout_s=10, step_s=0)
+    return values[-1]
+
+
+def test_completion_tokens_match_the_engine_count(stack: Stack) -> None:
+    before = settled(stack.metrics, GENERATED)
+    result = stack.client().completions.create(
+        model=MODEL,
+        prompt="Blocks are allocated",
+        max_tokens=9,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert result.usage.completion_tokens == 9
+    assert result.choices[0].finish_reason == "length"
+    assert wait_for(lambda: metric_sum(stack.metrics, GENERATED) == before + 9, timeout_s=5)
+
+
+def test_streamed_chat_joins_to_the_whole_text_with_usage_last(stack: Stack) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    client = stack.client()
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    tokenizer = load_tokenizer(stack.model_dir)
+    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert whole.usage.prompt_tokens == len(expected)
+
+
+def test_chat_text_equals_the_bls_chat_template_path(stack: Stack) -> None:
+    result = stack.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me"}], max_tokens=8, temperature=0
+    )
+    expected = ensemble_text(stack, "Tell me", 8, model="tensorrt_llm_bls", apply_chat_template=True)
+    assert result.choices[0].message.content == expected
+
+
+def test_async_streamed_completion_with_stop_string(stack: Stack) -> None:
+    prompt = "The quick brown fox"
+    whole = ensemble_text(stack, prompt, 16)
+    stop = whole[3:6]  # a stop string inside the greedy output
+    assert stop.strip()
+
+    async def run() -> tuple[str, list[str]]:
+        client = stack.async_client()
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stream=True, stop=[stop]
+        )
+        texts, reasons = [], []
+        async for chunk in stream:
+            texts.append(chunk.choices[0].text)
+            reasons.append(chunk.choices[0].finish_reason)
+        await client.close()
+        return "".join(texts), [r for r in reasons if r]
+
+    text, reasons = asyncio.run(run())
+    assert text == whole[: whole.index(stop)]
+    assert reasons == ["stop"]
+
+
+def test_echo_and_logprobs(stack: Stack) -> None:
+    client = stack.client()
+    echoed = client.completions.create(model=MODEL, prompt="Rotary", max_tokens=4, temperature=0, echo=True)
+    plain = client.completions.create(model=MODEL, prompt="Rotary", max_tokens=4, temperature=0)
+    assert echoed.choices[0].text == "Rotary" + plain.choices[0].text
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0, logprobs=True
+    )
+    entries = chat.choices[0].logprobs.content
+    assert len(entries) == chat.usage.completion_tokens
+    assert all(e.logprob <= 0 for e in entries) and any(e.logprob < 0 for e in entries)
+
+
+# Errors.
+
+
+def _error(call) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    return info.value
+
+
+def test_invalid_and_unsupported_parameters_are_named(stack: Stack) -> None:
+    client = stack.client()
+    cases = {
+        "n": lambda: client.completions.create(model=MODEL, prompt="a", max_tokens=2, n=2),
+        "logit_bias": lambda: client.completions.create(model=MODEL, prompt="a", logit_bias={"1": 5}),
+        "suffix": lambda: client.completions.create(model=MODEL, prompt="a", suffix="b"),
+        "best_of": lambda: client.completions.create(model=MODEL, prompt="a", best_of=3),
+        "temperature": lambda: client.completions.create(model=MODEL, prompt="a", temperature=5),
+        "messages[0].role": lambda: client.chat.completions.create(
+            model=MODEL, messages=[{"role": "wizard", "content": "x"}]
+        ),
+        "foo": lambda: client.completions.create(model=MODEL, prompt="a", extra_body={"foo": 1}),
+    }
+    for param, call in cases.items():
+        error = _error(call)
+        assert error.status_code == 400, param
+        assert error.body["param"] == param, error.body
+        assert param in error.body["message"]
+
+
+def test_prompt_too_long_gets_400_with_the_limit(stack: Stack) -> None:
+    client = stack.client()
+    error = _error(lambda: client.completions.create(model=MODEL, prompt="fox jumps " * 400, max_tokens=4))
+    assert error.status_code == 400 and error.body["code"] == "context_length_exceeded"
+    assert "512" in error.body["message"] and error.body["param"] == "prompt"
+    error = _error(lambda: client.completions.create(model=MODEL, prompt="fox", max_tokens=600))
+    assert error.status_code == 400 and error.body["param"] == "max_tokens" and "512" in error.body["message"]
+
+
+def test_keys_model_and_auth_errors(stack: Stack) -> None:
+    bad = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="sk-wrong", max_retries=0)
+    assert _error(lambda: bad.models.list()).status_code == 401
+    assert requests.post(f"{stack.url}/v1/completions", json={}, timeout=10).status_code == 401
+    error = _error(lambda: stack.client().completions.create(model="gpt-4", prompt="a", max_tokens=2))
+    assert error.status_code == 404 and error.body["param"] == "model"
+    assert [m.id for m in stack.client().models.list()] == [MODEL]
+
+
+def test_engine_busy_is_429_with_retry_after(stack: Stack) -> None:
+    """2 running + 3 waiting fill the engine; more requests get the engine's busy error as 429."""
+
+    async def run() -> list[object]:
+        client = stack.async_client()
+        calls = [
+            client.completions.create(
+                model=MODEL,
+                prompt=f"story {i}",
+                max_tokens=60,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            for i in range(10)
+        ]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await client.close()
+        return results
+
+    results = asyncio.run(run())
+    busy = [r for r in results if isinstance(r, openai.RateLimitError)]
+    assert busy, results
+    assert all(r.body["code"] == "engine_busy" and int(r.response.headers["Retry-After"]) >= 1 for r in busy)
+    assert all(r.usage.completion_tokens == 60 for r in results if not isinstance(r, Exception))
+    assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) == 0, timeout_s=10)
+
+
+def test_triton_unreachable_is_503(stack: Stack, tmp_path: Path) -> None:
+    (dead,) = free_ports(1)
+    process, url = start_front_door(
+        front_door_args(stack.model_dir, f"127.0.0.1:{dead}"), tmp_path / "fd.log"
+    )
+    try:
+        assert requests.get(f"{url}/health", timeout=10).status_code == 503
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        error = _error(lambda: client.completions.create(model=MODEL, prompt="a", max_tokens=2))
+        assert error.status_code == 503 and error.body["code"] == "backend_unavailable"
+    finally:
+        stop_process(process)
+
+
+# Cancellation.
+
+
+def test_client_disconnect_mid_stream_frees_the_kv_blocks(stack: Stack) -> None:
+    aborted = settled(stack.metrics, ABORTED)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story"}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {KEYS['premium']['key']}"}
+    with requests.post(
+        f"{stack.url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=30
+    ) as response:
+        lines = response.iter_lines()
+        got = [line for line, _ in zip(lines, range(6), strict=False) if line]
+        assert len(got) >= 3
+        assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) > 0, timeout_s=5)
+    # Connection closed mid-stream: the front door cancels the gRPC stream, the BLS the engine request.
+    assert wait_for(lambda: metric_sum(stack.metrics, ABORTED) == aborted + 1, timeout_s=10)
+    assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) == 0, timeout_s=10)
+
+
+# Limits and tiers.
+
+
+def in_flight(stack: Stack, tier: str) -> float:
+    return metric_sum(f"{stack.url}/metrics", rf'tritonllm_openai_requests_in_flight\{{tier="{tier}"\}}')
+
+
+def _admitted_within(stack: Stack, key: str, seconds: float, **create: object) -> tuple[int, float]:
+    """Send requests back to back for `seconds`; count those not refused by the key's rate limit."""
+    client = stack.client(key)
+    admitted = 0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        try:
+            client.completions.create(model=MODEL, temperature=0, **create)
+            admitted += 1
+        except openai.RateLimitError as exc:
+            assert exc.body["code"] == "rate_limit_exceeded" and int(exc.response.headers["Retry-After"]) >= 1
+    return admitted, time.monotonic() - start
+
+
+def test_requests_per_minute_bucket_holds_within_10_percent(stack: Stack) -> None:
+    admitted, elapsed = _admitted_within(stack, "rpm", 3.0, prompt="a", max_tokens=1)
+    expected = 10 + 10 * elapsed  # burst of 1 s (10 requests), then 600/min
+    assert abs(admitted - expected) <= 0.1 * expected, (admitted, expected)
+
+
+def test_tokens_per_minute_bucket_holds_within_10_percent(stack: Stack) -> None:
+    prompt = "The quick brown fox"
+    cost = len(load_tokenizer(stack.model_dir)(prompt)["input_ids"]) + 8
+    admitted, elapsed = _admitted_within(
+        stack, "tpm", 3.0, prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True}
+    )
+    expected = 100 + 100 * elapsed  # 6000 tokens/min with a 1 s burst
+    assert abs(admitted * cost - expected) <= 0.1 * expected + cost, (admitted * cost, expected)
+
+
+def test_concurrency_cap_queues_then_times_out(stack: Stack) -> None:
+    async def run() -> list[object]:
+        client = stack.async_client("conc")
+
+        tasks = []
+        for i in range(3):  # one at a time: each is in the front door before the next is sent
+            call = client.completions.create(
+                model=MODEL, prompt="a", max_tokens=300, temperature=0, extra_body={"ignore_eos": True}
+            )
+            tasks.append(asyncio.ensure_future(call))
+            if i < 2:  # the third is refused at once (queue full): nothing to wait for
+                assert await asyncio.to_thread(
+                    wait_for, lambda i=i: in_flight(stack, "standard") == i + 1, 10
+                )
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+        return results
+
+    first, second, third = asyncio.run(run())
+    assert not isinstance(first, Exception), first
+    assert isinstance(second, openai.RateLimitError) and "waited 0.5s" in second.body["message"]
+    assert isinstance(third, openai.RateLimitError) and "queued" in third.body["message"]
+
+
+def test_premium_key_overtakes_batch_key_on_a_saturated_engine(stack: Stack) -> None:
+    """2 batch requests run, 2 more wait; a premium request sent after them gets its first token first."""
+
+    async def first_token_at(client: openai.AsyncOpenAI, max_tokens: int) -> float:
+        stream = await client.completions.create(
+            model=MODEL,
+            prompt="story",
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        at = None
+        async for _ in stream:
+            at = at or time.monotonic()
+        return at
+
+    async def run() -> tuple[float, list[float]]:
+        batch, premium = stack.async_client("batch"), stack.async_client("premium")
+        running = [asyncio.create_task(first_token_at(batch, 120)) for _ in range(2)]
+        assert await asyncio.to_thread(wait_for, lambda: metric_sum(stack.metrics, KV_USED) > 0, 10)
+        waiting = [asyncio.create_task(first_token_at(batch, 30)) for _ in range(2)]
+        assert await asyncio.to_thread(wait_for, lambda: metric_sum(stack.metrics, WAITING) == 2, 10)
+        vip = await first_token_at(premium, 30)
+        waited = await asyncio.gather(*waiting)
+        await asyncio.gather(*running)
+        await batch.close()
+        await premium.close()
+        return vip, waited
+
+    vip, waited = asyncio.run(run())
+    assert vip < min(waited), (vip, waited)
+
+
+# Metrics.
+
+
+def test_front_door_metrics_count_requests_by_status_and_tier(stack: Stack) -> None:
+    stack.client().completions.create(model=MODEL, prompt="a", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        stack.client().completions.create(model=MODEL, prompt="a", max_tokens=2, n=3)
+    text = requests.get(f"{stack.url}/metrics", timeout=10).text
+    assert 'tritonllm_openai_requests_total{endpoint="completions",status="200",tier="premium"}' in text
+    assert 'tritonllm_openai_rejected_total{reason="unsupported",tier="premium"}' in text
+    assert "tritonllm_openai_time_to_first_token_seconds_bucket" in text
+    assert 'tritonllm_openai_requests_in_flight{tier="premium"} 0.0' in text
