@@ -1,4 +1,5 @@
-"""The C++ decode-attention kernel builds here, matches the PyTorch path, and the fallback is exact too."""
+"""The C++ CPU kernels (decode attention, int8 and bf16 linears) build here, for every instruction set this
+CPU runs, match PyTorch, and the fallbacks are right too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from engine_helpers import greedy, hf_greedy, make_engine, random_prompts, run_staggered
 
 import tritonllm.model.llama as llama
-from tritonllm.model.cpu_kernels import load_paged_attention
+from tritonllm.model.cpu_kernels import load_kernels, supported_isas
 from tritonllm.model.llama import gather_blocks
 
 
@@ -26,12 +27,13 @@ def torch_decode_attention(q, k_cache, v_cache, tables, lengths, scale):
 
 
 def test_kernel_builds_on_this_machine() -> None:
-    assert load_paged_attention() is not None, "no compiler? the engine would fall back to the slow path"
+    assert load_kernels() is not None, "no compiler? the engine would fall back to the slow path"
 
 
+@pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_torch(dtype: torch.dtype) -> None:
-    kernel = load_paged_attention()
+def test_kernel_matches_torch(isa: str, dtype: torch.dtype) -> None:
+    kernel = load_kernels(isa)
     gen = torch.Generator().manual_seed(0)
     kv_heads, blocks, bs, head_dim, heads, d = 3, 64, 4, 16, 9, 7
     k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(dtype)
@@ -46,7 +48,7 @@ def test_kernel_matches_torch(dtype: torch.dtype) -> None:
 
 
 def test_pytorch_fallback_matches_hf(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llama, "load_paged_attention", lambda: None)
+    monkeypatch.setattr(llama, "load_kernels", lambda: None)
     prompts = random_prompts(8, vocab=512, seed=5)
     engine = make_engine(tiny_llama_dir, max_num_batched_tokens=8)
     got = run_staggered(engine, prompts, [greedy(10)] * 8, [0, 0, 1, 1, 2, 3, 5, 8])

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from tritonllm.build.engine_dir import BACKENDS
 
-QUANTIZATIONS = ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
-TORCH_QUANTIZATIONS = ("none", "int8_wo", "fp8")  # what the project's engine runs
+QUANTIZATIONS = ("none", "fp8", "int8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
+TORCH_QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")  # what the project's engine runs
+TRTLLM_QUANTIZATIONS = ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 # Per backend: tokens per KV block and tokens per step when not given (the engines' own defaults).
@@ -121,6 +122,11 @@ class BuildOptions:
         if self.backend == "torch":
             self._check_torch_backend(requested)
         else:
+            if self.quantization not in TRTLLM_QUANTIZATIONS:
+                raise BuildError(
+                    f"--quantization {self.quantization} is the project's CPU engine format "
+                    f"(--backend torch); TensorRT-LLM takes {', '.join(TRTLLM_QUANTIZATIONS)}"
+                )
             require_tensorrt_llm()
 
     def _check_torch_backend(self, requested: str) -> None:

@@ -7,8 +7,23 @@ from dataclasses import dataclass
 
 from tritonllm.build.engine_dir import built_quantization
 
-QUANTIZATIONS = ("none", "int8_wo", "fp8")
-DTYPES = ("float32", "float16", "bfloat16")
+QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def auto_dtype(device: str) -> str:
+    """The fastest accurate compute dtype for `device`.
+
+    CPU: bfloat16 where the project's kernels build (they read bf16 weights and KV with fp32 arithmetic, so
+    any AVX2 CPU gains; measured in benchmarks/README.md), else float32. CUDA: bfloat16 where supported.
+    """
+    if device.startswith("cuda"):
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    from tritonllm.model.cpu_kernels import load_kernels
+
+    return "bfloat16" if load_kernels() is not None else "float32"
 
 
 def default_num_threads() -> int:
@@ -27,7 +42,7 @@ class EngineConfig:
     """
 
     model: str
-    dtype: str = "float32"
+    dtype: str = "float32"  # the reference HF matches token for token; "auto": the fastest (auto_dtype)
     device: str = "cpu"
     quantization: str | None = None  # None: as built (an engine directory), else "none"
     tokens_per_block: int = 16
@@ -44,6 +59,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.dtype == "auto":
+            self.dtype = auto_dtype(self.device)
         if self.quantization is None:
             self.quantization = built_quantization(self.model) or "none"
         if self.quantization not in QUANTIZATIONS:

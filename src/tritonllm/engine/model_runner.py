@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.sampler import Sampler
 from tritonllm.engine.scheduler import ScheduledChunk, SchedulerOutput
+from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
 from tritonllm.model.llama import AttentionMetadata, PrefillSpan
 from tritonllm.model.loader import DTYPES, load_model
+
+log = logging.getLogger(__name__)
+
+
+def describe_kernels(device: torch.device) -> str:
+    """Which kernels a model on `device` runs, with the CPU's SIMD flags (logged and in engine stats)."""
+    if device.type != "cpu":
+        return device.type
+    if load_kernels() is None:
+        return f"pytorch ({' '.join(cpu_flags())})"
+    return f"cpu-{selected_isa()} ({' '.join(cpu_flags())})"
 
 
 class ModelRunner:
@@ -17,6 +31,14 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.model = load_model(config.model, config.dtype, config.device, config.quantization)
+        self.kernels = describe_kernels(self.device)
+        log.info(
+            "engine: dtype=%s quantization=%s kernels=%s threads=%d",
+            config.dtype,
+            config.quantization,
+            self.kernels,
+            config.num_threads,
+        )
         self.args = self.model.args
         self.tokens_per_block = config.tokens_per_block
         a = self.args

@@ -1,8 +1,9 @@
-"""A small C++ kernel for decode attention on CPU, compiled on first use and cached.
+"""C++ kernels for CPU decode (paged attention, int8 and bf16 linears), built on first use and cached.
 
-PyTorch alone must gather each sequence's blocks into a padded copy before two batched matmuls,
-which read the KV several times; the kernel reads it once, in place. Where it cannot be built
-(no compiler) or on other devices, the engine falls back to the PyTorch path.
+One build per instruction set, chosen at run time from the CPU's capability (never `-march=native`: a cache
+or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512` forces a variant (the tests
+use it for the portable path); `TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch
+(attention) or to dequantized weights (linears).
 """
 
 from __future__ import annotations
@@ -10,21 +11,62 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import sys
 import sysconfig
 from functools import cache
 from pathlib import Path
+from types import ModuleType
+
+import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.cpp"
+CSRC = Path(__file__).with_name("csrc")
+# The first includes the others (one translation unit).
+SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention.cpp", CSRC / "linear.cpp"]
+# Compiler flags per variant; a variant runs only on CPUs whose capability includes it.
+ISA_FLAGS = {
+    "generic": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
+}
+CAPABILITY_ISAS = {"AVX512": ["avx512", "avx2", "generic"], "AVX2": ["avx2", "generic"]}
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD-related flags of this CPU (for logs and benchmark reports)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return [platform.machine()]
+    line = next((row for row in text.splitlines() if row.startswith(("flags", "Features"))), "")
+    wanted = ("avx", "fma", "f16c", "amx", "vnni", "sve", "neon", "asimd")
+    return sorted({f for f in line.split(":", 1)[-1].split() if f.startswith(wanted)})
+
+
+def supported_isas() -> list[str]:
+    """Variants this CPU can run, best first."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ["generic"]
+    return CAPABILITY_ISAS.get(torch.backends.cpu.get_cpu_capability(), ["generic"])
+
+
+def selected_isa() -> str:
+    forced = os.environ.get("TRITONLLM_CPU_ISA")
+    if forced:
+        if forced not in supported_isas():
+            raise RuntimeError(f"TRITONLLM_CPU_ISA={forced}: this CPU runs only {supported_isas()}")
+        return forced
+    return supported_isas()[0]
 
 
 @cache
-def load_paged_attention():
-    """The compiled extension module, or None when it can't be built here (logged once)."""
+def load_kernels(isa: str | None = None) -> ModuleType | None:
+    """The compiled extension for `isa` (default: the best this CPU runs), or None when it can't be built."""
     if os.environ.get("TRITONLLM_DISABLE_KERNELS") == "1":
         return None
+    isa = isa or selected_isa()
     scripts = sysconfig.get_path("scripts")  # the venv's bin, where pip put ninja
     if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
@@ -33,14 +75,18 @@ def load_paged_attention():
 
         # One build per interpreter: Triton's Python stub and a plain Python hash the build
         # differently, and a shared folder made each rebuild it (~45 s) in turn.
+        # The name carries the sources' hash: torch only watches the listed file for changes.
         interpreter = hashlib.sha1(sys.executable.encode()).hexdigest()[:8]
-        return load(
-            name=f"tritonllm_paged_attention_{interpreter}",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],  # fast-math: vector expf
+        sources = hashlib.sha1(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()[:8]
+        module = load(
+            name=f"tritonllm_cpu_{isa}_{interpreter}_{sources}",
+            sources=[str(SOURCES[0])],
+            extra_cflags=["-O3", "-fopenmp", "-ffast-math", *ISA_FLAGS[isa]],  # fast-math: vector expf
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 -- any build failure means: use the PyTorch path
-        log.warning("paged attention kernel unavailable (%s); using the PyTorch path", exc)
+        log.warning("CPU kernels unavailable (%s); using the PyTorch path", exc)
         return None
+    log.info("CPU kernels: %s build (CPU flags: %s)", isa, " ".join(cpu_flags()))
+    return module

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritonllm.model.args import ModelArgs
-from tritonllm.model.cpu_kernels import load_paged_attention
+from tritonllm.model.cpu_kernels import load_kernels
 
 
 @dataclass
@@ -99,7 +99,7 @@ class DecoderLayer(nn.Module):
         """All decodes at once: in place by the CPU kernel, else one gather of their blocks per head,
         masked past each length (the head-major cache makes the gathered keys contiguous)."""
         a = self.args
-        kernel = load_paged_attention() if q.device.type == "cpu" else None
+        kernel = load_kernels() if q.device.type == "cpu" else None
         if kernel is not None:
             return kernel.paged_decode_attention(
                 q.contiguous(),

@@ -17,7 +17,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from tritonllm.build.engine_dir import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.llama import DecoderLayer, LlamaModel
-from tritonllm.model.quant import make_linear, prequantized_linear
+from tritonllm.model.quant import make_linear, make_lm_head, prequantized_linear
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -104,13 +104,15 @@ def load_model(
         }
         layers.append(DecoderLayer(args, linears, norms))
     embed = take("model.embed_tokens.weight")
-    if prequantized:  # the engine directory stores the head quantized, tied or not
+    if prequantized and "lm_head.weight" + SCALE_SUFFIX in tensors:  # stored quantized, tied or not
         lm_head = linear(["lm_head"], False)
+    elif prequantized:  # stored in bf16 (quantizations that keep the head at higher precision)
+        lm_head = make_lm_head(tensors.pop("lm_head.weight").to(device), built)
     else:
         lm_weight = embed if args.tie_word_embeddings else take("lm_head.weight", required=False)
         if lm_weight is None:  # some checkpoints tie without saying so
             lm_weight = embed
-        lm_head = make_linear(lm_weight, None, quantization)
+        lm_head = make_lm_head(lm_weight, quantization)
     hf_config = AutoConfig.from_pretrained(path)
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[args.rope_type](hf_config, device)
     model = LlamaModel(args, embed, layers, take("model.norm.weight"), lm_head, inv_freq, attention_scaling)

@@ -1,8 +1,12 @@
-"""Linear layers and weight-only quantization: INT8 per output channel, FP8 (e4m3) rounding.
+"""Linear layers and weight quantization.
 
-INT8 uses PyTorch's int8-weight matmul kernel, which reads a quarter of fp32's bytes per step: faster
-at batch 1 (memory-bound), slower at large batches on CPUs without an int8-weight GEMM (measured in
-benchmarks/). FP8 keeps FP8's accuracy but computes in the model dtype (see `fp8_linear`).
+- `int8`: int8 weights in blocks of 32 with one scale each, times int8 activations quantized per token
+  and block on the fly (llama.cpp's q8_0 arithmetic), through the project's CPU kernel (`csrc/linear.cpp`);
+  the lm_head stays in bf16, as llama.cpp keeps its output layer at higher precision.
+- `int8_wo`: int8 weights per output channel through PyTorch's int8-weight matmul (weight-only; slower
+  than `int8` at every batch size here, kept for engine directories built with it).
+- `fp8`: weights rounded to e4m3 and expanded at load (FP8's accuracy, the compute dtype's speed).
+bf16 weights on CPU run through the project's kernel too (fp32 accumulation). Speed: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tritonllm.model.cpu_kernels import load_kernels
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -38,6 +44,38 @@ class Linear(nn.Module):
 ONEDNN_BATCH_HINT = 64  # rows per GEMM the packing is tuned for; measured good from 1 to 512
 
 
+def cpu_kernels(device: torch.device):
+    """The project's compiled CPU kernels for a weight on `device`, or None (other devices, no compiler)."""
+    return load_kernels() if device.type == "cpu" else None
+
+
+class Bf16Linear(nn.Module):
+    """y = x W^T + b with bf16 weights and fp32 accumulation; x in fp32 or bf16, y in x's dtype.
+
+    On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed); elsewhere, or
+    without the kernel, F.linear in bf16.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.kernels = cpu_kernels(weight.device)
+        self.register_buffer("weight", weight.to(torch.bfloat16).contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return kernel_dtypes(self.kernels.bf16_linear, x, self.weight, self.bias)
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        return F.linear(x.to(torch.bfloat16), self.weight, bias).to(x.dtype)
+
+
+def kernel_dtypes(kernel, x: torch.Tensor, *weights) -> torch.Tensor:
+    """Call a linear kernel, which takes fp32 or bf16 activations; others go through fp32."""
+    if x.dtype in (torch.float32, torch.bfloat16):
+        return kernel(x.contiguous(), *weights)
+    return kernel(x.float().contiguous(), *weights).to(x.dtype)
+
+
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
@@ -56,7 +94,23 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
-QUANTIZERS = {"int8_wo": quantize_int8, "fp8": quantize_fp8}
+INT8_BLOCK = 32
+
+
+def quantize_int8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W ~= W_int8 * scale per block of 32 inputs: int8 [N, K'] and fp32 scales [N, K'/32], where K' is K
+    rounded up to 32 (zero-padded)."""
+    n, k = weight.shape
+    padded = -(-k // INT8_BLOCK) * INT8_BLOCK
+    blocks = F.pad(weight.float(), (0, padded - k)).view(n, padded // INT8_BLOCK, INT8_BLOCK)
+    scale = blocks.abs().amax(dim=-1) / 127.0
+    q = torch.round(blocks / scale.clamp(min=1e-12)[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.view(n, padded), scale.contiguous()
+
+
+QUANTIZERS = {"int8_wo": quantize_int8, "fp8": quantize_fp8, "int8": quantize_int8_blocks}
+# Quantizations whose lm_head is stored in bf16 rather than quantized (its error reaches every logit).
+BF16_HEAD = frozenset({"int8"})
 
 
 class Int8Linear(nn.Module):
@@ -79,37 +133,88 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class BlockInt8Linear(nn.Module):
+    """y = x W^T + b for int8 weights in blocks of 32 (`quantize_int8_blocks`).
+
+    Decodes (a few tokens) run the int8 x int8 dot product; larger batches expand tiles of weights to fp32
+    in cache and use FMAs (`csrc/linear.cpp`). Without the kernel the weights are expanded once at load.
+    """
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.kernels = cpu_kernels(weight.device)
+        self.in_features = weight.shape[1]
+        if self.kernels is None:
+            self.register_buffer("weight", expand_int8_blocks(weight, scale))
+            self.register_buffer("scale", None)
+        else:
+            self.register_buffer("weight", weight.contiguous())
+            self.register_buffer("scale", scale.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return kernel_dtypes(self.kernels.int8_linear, x, self.weight, self.scale, self.bias)
+        y = F.linear(x.float(), self.weight[:, : x.shape[-1]], self.bias)
+        return y.to(x.dtype)
+
+
+def expand_int8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    n, padded = weight.shape
+    return (weight.view(n, -1, INT8_BLOCK).float() * scale.float()[..., None]).view(n, padded)
+
+
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
     return Int8Linear(*quantize_int8(weight), bias)
 
 
-def fp8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+def fp8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
     """Weights rounded to FP8 (e4m3, one scale per output channel), then expanded for compute.
 
     FP8 is a storage format here: this CPU has no FP8 (nor fast bf16) GEMM, and converting fp8 to
     fp32 in every step cost ~15 ns an element (2-3 s a step for SmolLM2), so the expansion happens
     once at load. The accuracy is FP8's; the speed and memory are the compute dtype's.
     """
-    return Linear(expand_fp8(*quantize_fp8(weight), weight.dtype), bias)
+    return plain_linear(expand_fp8(*quantize_fp8(weight), weight.dtype), bias)
 
 
 def expand_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (weight.float() * scale.float()[:, None]).to(dtype)
 
 
-LINEAR_TYPES = {"none": Linear, "int8_wo": int8_linear, "fp8": fp8_linear}
+def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+    """Weights in the compute dtype: bf16 through the bf16 kernel on CPU, else oneDNN / F.linear."""
+    if weight.dtype == torch.bfloat16 and cpu_kernels(weight.device) is not None:
+        return Bf16Linear(weight, bias)
+    return Linear(weight, bias)
+
+
+def block_int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> BlockInt8Linear:
+    return BlockInt8Linear(*quantize_int8_blocks(weight), bias)
+
+
+LINEAR_TYPES = {"none": plain_linear, "int8_wo": int8_linear, "fp8": fp8_linear, "int8": block_int8_linear}
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str) -> nn.Module:
     return LINEAR_TYPES[quantization](weight, bias)
 
 
+def make_lm_head(weight: torch.Tensor, quantization: str) -> nn.Module:
+    """The output layer: bf16 for the quantizations in BF16_HEAD, else like the other linears."""
+    if quantization in BF16_HEAD:
+        return Bf16Linear(weight) if cpu_kernels(weight.device) is not None else Linear(weight)
+    return make_linear(weight, None, quantization)
+
+
 def prequantized_linear(
     weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
 ) -> nn.Module:
     """A linear over weights quantized ahead of time (an engine directory), by their storage dtype."""
+    if weight.dtype == torch.int8 and scale.dim() == 2:
+        return BlockInt8Linear(weight, scale, bias)
     if weight.dtype == torch.int8:
         return Int8Linear(weight, scale, bias)
     if weight.dtype == torch.float8_e4m3fn:
-        return Linear(expand_fp8(weight, scale, dtype), bias)
+        return plain_linear(expand_fp8(weight, scale, dtype), bias)
     raise ValueError(f"no pre-quantized linear for weights of dtype {weight.dtype}")

@@ -90,7 +90,3 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   });
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged KV cache");
-}

@@ -1,0 +1,19 @@
+// One extension module for the CPU kernels. Each call releases the GIL: the engine loop runs beside
+// threads that send responses, and a step's kernels should not stall them.
+// The kernels are included as one translation unit: torch/extension.h is parsed once (a build takes
+// about a minute per instruction set on 2 cores; three units took three times that).
+#include <torch/extension.h>
+
+#include "linear.cpp"
+#include "paged_attention.cpp"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged KV cache", release());
+  m.def("int8_linear", &int8_linear, "x @ W^T for int8 weights in blocks of 32 (activations quantized per block)",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("bias") = pybind11::none(),
+        release());
+  m.def("bf16_linear", &bf16_linear, "x @ W^T for bfloat16 weights, fp32 accumulation", pybind11::arg("x"),
+        pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(), release());
+  m.def("built_with_avx2", &built_with_avx2, "whether this build uses the AVX2 code paths");
+}

@@ -1,0 +1,386 @@
+// Linear layers over low-precision weights, read straight from memory at decode time:
+//  - int8 weights in blocks of 32 with one fp32 scale each, times int8 activations quantized per token and
+//    per block of 32 on the fly (the arithmetic of llama.cpp's q8_0 x q8_0 dot product);
+//  - bf16 weights times fp32 or bf16 activations, accumulated in fp32.
+// Batch-1 decode is memory-bound, so reading a quarter (int8) or half (bf16) of fp32's bytes is the speed-up.
+// Tiles of a few weight rows x a few tokens keep weights in L1 across tokens for larger batches.
+// The AVX2 paths are used when the translation unit is compiled with AVX2+FMA (cpu_kernels.py builds one
+// variant per instruction set and picks it from the CPU's flags); otherwise portable loops run.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TRITONLLM_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <typename T>
+inline float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+// Quantize `m` rows of `k` activations to int8, per block of 32 (zero-padded to `kp`), with one scale per block.
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, float* xs) {
+  const int64_t nb = kp / kBlock;
+  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = x + r * k;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t lo = b * kBlock, hi = std::min(k, lo + kBlock);
+        float amax = 0.f;
+        for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(to_float(row[i])));
+        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        xs[r * nb + b] = scale;
+        int8_t* out = xq + r * kp + lo;
+        for (int64_t i = lo; i < hi; ++i) out[i - lo] = static_cast<int8_t>(std::nearbyint(to_float(row[i]) * inv));
+        for (int64_t i = hi; i < lo + kBlock; ++i) out[i - lo] = 0;
+      }
+    }
+  });
+}
+
+#ifdef TRITONLLM_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Sum of w[i] * x[i] over one block of 32 int8 pairs, as 8 float lanes. maddubs needs one unsigned operand:
+// |x| and w carrying x's sign give the same products (|values| <= 127, so the int16 pair sums cannot saturate).
+inline __m256 block_dot(__m256i abs_x, __m256i x, const int8_t* w) {
+  const __m256i signed_w = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), x);
+  const __m256i pairs = _mm256_maddubs_epi16(abs_x, signed_w);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) { return load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+#endif
+
+// out[m][n] (+= nothing; written) for RN weight rows x RM tokens of the int8 x int8 product.
+template <int RN, int RM>
+void int8_tile(const int8_t* w, const float* ws, const int8_t* xq, const float* xs, int64_t nb, float* acc_out) {
+  const int64_t kp = nb * kBlock;
+#ifdef TRITONLLM_AVX2
+  __m256 acc[RN][RM];
+  for (int n = 0; n < RN; ++n)
+    for (int m = 0; m < RM; ++m) acc[n][m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i x[RM], ax[RM];
+    for (int m = 0; m < RM; ++m) {
+      x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * kp + b * kBlock));
+      ax[m] = _mm256_sign_epi8(x[m], x[m]);
+    }
+    for (int n = 0; n < RN; ++n) {
+      const int8_t* wb = w + n * kp + b * kBlock;
+      const float wscale = ws[n * nb + b];
+      for (int m = 0; m < RM; ++m)
+        acc[n][m] = _mm256_fmadd_ps(_mm256_set1_ps(wscale * xs[m * nb + b]), block_dot(ax[m], x[m], wb), acc[n][m]);
+    }
+  }
+  for (int n = 0; n < RN; ++n)
+    for (int m = 0; m < RM; ++m) acc_out[m * RN + n] = hsum(acc[n][m]);
+#else
+  for (int n = 0; n < RN; ++n)
+    for (int m = 0; m < RM; ++m) {
+      float total = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t dot = 0;
+        const int8_t* wb = w + n * kp + b * kBlock;
+        const int8_t* xb = xq + m * kp + b * kBlock;
+        for (int64_t i = 0; i < kBlock; ++i) dot += static_cast<int32_t>(wb[i]) * static_cast<int32_t>(xb[i]);
+        total += static_cast<float>(dot) * ws[n * nb + b] * xs[m * nb + b];
+      }
+      acc_out[m * RN + n] = total;
+    }
+#endif
+}
+
+// RN bf16 weight rows x RM tokens, fp32 accumulation.
+template <int RN, int RM, typename T>
+void bf16_tile(const uint16_t* w, const T* x, int64_t k, float* acc_out) {
+  int64_t i = 0;
+  float tail[RN][RM] = {};
+#ifdef TRITONLLM_AVX2
+  __m256 acc[RN][RM];
+  for (int n = 0; n < RN; ++n)
+    for (int m = 0; m < RM; ++m) acc[n][m] = _mm256_setzero_ps();
+  for (; i + 8 <= k; i += 8) {
+    __m256 wv[RN];
+    for (int n = 0; n < RN; ++n) wv[n] = load_bf16x8(w + n * k + i);
+    for (int m = 0; m < RM; ++m) {
+      const __m256 xv = load8(x + m * k + i);
+      for (int n = 0; n < RN; ++n) acc[n][m] = _mm256_fmadd_ps(wv[n], xv, acc[n][m]);
+    }
+  }
+  for (int n = 0; n < RN; ++n)
+    for (int m = 0; m < RM; ++m) tail[n][m] = hsum(acc[n][m]);
+#endif
+  for (; i < k; ++i)
+    for (int n = 0; n < RN; ++n)
+      for (int m = 0; m < RM; ++m) tail[n][m] += bf16_to_float(w[n * k + i]) * to_float(x[m * k + i]);
+  for (int n = 0; n < RN; ++n)
+    for (int m = 0; m < RM; ++m) acc_out[m * RN + n] = tail[n][m];
+}
+
+// Runs `tile` over all (row tile, token tile) pairs: threads split the rows, each keeps its weight rows in cache
+// while it walks the tokens. Tokens go RM at a time; a remainder of 1-3 tokens gets its own tile shape.
+template <int RN, int RM, typename Out, typename TileFn>
+void run_tiles(int64_t n_rows, int64_t m_tokens, const float* bias, Out* out, TileFn tile) {
+  const int64_t row_tiles = (n_rows + RN - 1) / RN;
+  at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
+    float acc[RN * RM];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * RN, rows = std::min<int64_t>(RN, n_rows - n0);
+      for (int64_t m0 = 0; m0 < m_tokens; m0 += RM) {
+        const int64_t tokens = std::min<int64_t>(RM, m_tokens - m0);
+        tile(n0, rows, m0, tokens, acc);
+        for (int64_t m = 0; m < tokens; ++m)
+          for (int64_t n = 0; n < rows; ++n)
+            out[(m0 + m) * n_rows + n0 + n] = static_cast<Out>(acc[m * RN + n] + (bias ? bias[n0 + n] : 0.f));
+      }
+    }
+  });
+}
+
+constexpr int kRows = 4, kTokens = 2;  // 8 accumulators + 4 weight or token vectors fit AVX2's 16 registers
+
+// Calls fn.template operator()<RN, RM>() for the shape of a tile that may be cut short at the edges.
+template <typename Fn>
+inline void dispatch_tile(int64_t rows, int64_t tokens, Fn&& fn) {
+  if (rows == kRows && tokens == kTokens) return fn(std::integral_constant<int, kRows>{}, std::integral_constant<int, kTokens>{});
+  if (rows == kRows && tokens == 1) return fn(std::integral_constant<int, kRows>{}, std::integral_constant<int, 1>{});
+  // Edge tiles (fewer rows than kRows): one row at a time.
+  if (tokens == kTokens) return fn(std::integral_constant<int, 1>{}, std::integral_constant<int, kTokens>{});
+  return fn(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
+}
+
+template <typename T>
+at::Tensor int8_linear_impl(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ws, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0), kp = w.size(1), nb = kp / kBlock;
+  at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
+  const T* xp = x.data_ptr<T>();
+  quantize_rows(xp, m, k, kp, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor out = at::empty(shape, x.options());
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* wsp = ws.data_ptr<float>();
+  const int8_t* xqp = xq.data_ptr<int8_t>();
+  const float* xsp = xs.data_ptr<float>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  run_tiles<kRows, kTokens>(n, m, bp, out.data_ptr<T>(), [&](int64_t n0, int64_t rows, int64_t m0, int64_t tokens, float* acc) {
+    if (rows == kRows) {
+      dispatch_tile(rows, tokens, [&](auto rn, auto rm) {
+        int8_tile<decltype(rn)::value, decltype(rm)::value>(wp + n0 * kp, wsp + n0 * nb, xqp + m0 * kp, xsp + m0 * nb, nb, acc);
+      });
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // edge rows: one at a time, scattered into the RN-strided layout
+      float one[kTokens];
+      dispatch_tile(1, tokens, [&](auto rn, auto rm) {
+        int8_tile<decltype(rn)::value, decltype(rm)::value>(wp + (n0 + r) * kp, wsp + (n0 + r) * nb, xqp + m0 * kp, xsp + m0 * nb, nb, one);
+      });
+      for (int64_t t = 0; t < tokens; ++t) acc[t * kRows + r] = one[t];
+    }
+  });
+  return out;
+}
+
+template <typename T>
+at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor out = at::empty(shape, x.options());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const T* xp = x.data_ptr<T>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  run_tiles<kRows, kTokens>(n, m, bp, out.data_ptr<T>(), [&](int64_t n0, int64_t rows, int64_t m0, int64_t tokens, float* acc) {
+    if (rows == kRows) {
+      dispatch_tile(rows, tokens, [&](auto rn, auto rm) {
+        bf16_tile<decltype(rn)::value, decltype(rm)::value, T>(wp + n0 * k, xp + m0 * k, k, acc);
+      });
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float one[kTokens];
+      dispatch_tile(1, tokens, [&](auto rn, auto rm) {
+        bf16_tile<decltype(rn)::value, decltype(rm)::value, T>(wp + (n0 + r) * k, xp + m0 * k, k, one);
+      });
+      for (int64_t t = 0; t < tokens; ++t) acc[t * kRows + r] = one[t];
+    }
+  });
+  return out;
+}
+
+// Larger batches (prefill, many decodes) are compute-bound: maddubs needs ~7 instructions per 32 int8 products
+// where fp32 FMA needs 4, so there each tile of weight rows is expanded once to fp32 in a small buffer and
+// multiplied by every token with FMAs (weights from cache, activations unquantized).
+constexpr int64_t kWideRows = 4, kWideTokens = 3;  // 12 accumulators + 3 activation vectors
+constexpr int64_t kSmallBatch = 4;                 // up to this many tokens the int8 dot product runs
+
+void expand_rows(const int8_t* w, const float* ws, int64_t rows, int64_t kp, int64_t k, float* dst) {
+  const int64_t nb = kp / kBlock;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t lo = b * kBlock, len = std::min(kBlock, k - lo);
+      const float scale = ws[r * nb + b];
+      const int8_t* src = w + r * kp + lo;
+      float* out = dst + r * k + lo;
+      for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(src[i]) * scale;  // vectorized by -O3
+    }
+}
+
+void expand_rows(const uint16_t* w, int64_t rows, int64_t k, float* dst) {
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t i = 0; i < rows * k; ++i) out[i] = static_cast<uint32_t>(w[i]) << 16;  // bf16 -> fp32 bits
+}
+
+// out[m][n] for `rows` (<= kWideRows) fp32 weight rows x `tokens` (<= kWideTokens) fp32 activation rows.
+void fp32_tile(const float* w, int64_t rows, const float* x, int64_t tokens, int64_t k, float* acc_out) {
+  int64_t i = 0;
+  float total[kWideRows][kWideTokens] = {};
+#ifdef TRITONLLM_AVX2
+  if (rows == kWideRows && tokens == kWideTokens) {
+    __m256 acc[kWideRows][kWideTokens];
+    for (auto& row : acc)
+      for (auto& a : row) a = _mm256_setzero_ps();
+    for (; i + 8 <= k; i += 8) {
+      __m256 xv[kWideTokens];
+      for (int m = 0; m < kWideTokens; ++m) xv[m] = _mm256_loadu_ps(x + m * k + i);
+      for (int n = 0; n < kWideRows; ++n) {
+        const __m256 wv = _mm256_loadu_ps(w + n * k + i);
+        for (int m = 0; m < kWideTokens; ++m) acc[n][m] = _mm256_fmadd_ps(wv, xv[m], acc[n][m]);
+      }
+    }
+    for (int n = 0; n < kWideRows; ++n)
+      for (int m = 0; m < kWideTokens; ++m) total[n][m] = hsum(acc[n][m]);
+  }
+#endif
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t m = 0; m < tokens; ++m)
+      for (int64_t j = i; j < k; ++j) total[n][m] += w[n * k + j] * x[m * k + j];
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t m = 0; m < tokens; ++m) acc_out[m * kWideRows + n] = total[n][m];
+}
+
+// Threads split the weight rows; each expands its rows tile by tile (`expand(n0, rows, buffer)`) and runs
+// all tokens over each tile.
+template <typename Out, typename ExpandFn>
+void run_wide(int64_t n_rows, int64_t m_tokens, int64_t k, const float* x, const float* bias, Out* out, ExpandFn expand) {
+  const int64_t row_tiles = (n_rows + kWideRows - 1) / kWideRows;
+  at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows_fp32(kWideRows * k);
+    float acc[kWideRows * kWideTokens];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kWideRows, rows = std::min(kWideRows, n_rows - n0);
+      expand(n0, rows, rows_fp32.data());
+      for (int64_t m0 = 0; m0 < m_tokens; m0 += kWideTokens) {
+        const int64_t tokens = std::min(kWideTokens, m_tokens - m0);
+        fp32_tile(rows_fp32.data(), rows, x + m0 * k, tokens, k, acc);
+        for (int64_t m = 0; m < tokens; ++m)
+          for (int64_t n = 0; n < rows; ++n)
+            out[(m0 + m) * n_rows + n0 + n] = static_cast<Out>(acc[m * kWideRows + n] + (bias ? bias[n0 + n] : 0.f));
+      }
+    }
+  });
+}
+
+// Activations as fp32 (a copy for bf16 ones).
+at::Tensor fp32_activations(const at::Tensor& x) { return x.scalar_type() == at::kFloat ? x : x.to(at::kFloat); }
+
+void check_activations(const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.is_contiguous() && x.dim() >= 1, "activations must be contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "activations must be float32 or bfloat16");
+  TORCH_CHECK(x.size(-1) == k, "activations have ", x.size(-1), " features; the weight expects ", k);
+}
+
+void check_bias(const c10::optional<at::Tensor>& bias, int64_t n) {
+  if (bias) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "bias must be float32 [out_features]");
+}
+
+template <typename ExpandFn>
+at::Tensor wide_linear(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias, ExpandFn expand) {
+  const int64_t k = x.size(-1), m = x.numel() / k;
+  const at::Tensor x32 = fp32_activations(x);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor out = at::empty(shape, x.options());
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  if (x.scalar_type() == at::kFloat)
+    run_wide(n, m, k, x32.data_ptr<float>(), bp, out.data_ptr<float>(), expand);
+  else
+    run_wide(n, m, k, x32.data_ptr<float>(), bp, out.data_ptr<at::BFloat16>(), expand);
+  return out;
+}
+
+}  // namespace
+
+// x [..., K] float32/bfloat16; w int8 [N, Kp] (Kp = K rounded up to 32, zero-padded); ws float32 [N, Kp/32].
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ws, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
+  TORCH_CHECK(x.size(-1) <= w.size(1) && x.size(-1) > w.size(1) - kBlock, "activations have ", x.size(-1), " features; the weight holds ", w.size(1), " (padded)");
+  check_activations(x, x.size(-1));
+  check_bias(bias, w.size(0));
+  const int64_t k = x.size(-1), m = x.numel() / k;
+  if (m > kSmallBatch) {
+    const int64_t kp = w.size(1);
+    const int8_t* wp = w.data_ptr<int8_t>();
+    const float* wsp = ws.data_ptr<float>();
+    return wide_linear(x, w.size(0), bias, [&](int64_t n0, int64_t rows, float* dst) {
+      expand_rows(wp + n0 * kp, wsp + n0 * (kp / kBlock), rows, kp, k, dst);
+    });
+  }
+  if (x.scalar_type() == at::kFloat) return int8_linear_impl<float>(x, w, ws, bias);
+  return int8_linear_impl<at::BFloat16>(x, w, ws, bias);
+}
+
+// x [..., K] float32/bfloat16; w bfloat16 [N, K].
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous(), "weight must be contiguous bfloat16 [N, K]");
+  check_activations(x, w.size(1));
+  check_bias(bias, w.size(0));
+  const int64_t k = x.size(-1), m = x.numel() / k;
+  if (m > kSmallBatch) {
+    const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+    return wide_linear(x, w.size(0), bias, [&](int64_t n0, int64_t rows, float* dst) {
+      expand_rows(wp + n0 * k, rows, k, dst);
+    });
+  }
+  if (x.scalar_type() == at::kFloat) return bf16_linear_impl<float>(x, w, bias);
+  return bf16_linear_impl<at::BFloat16>(x, w, bias);
+}
+
+bool built_with_avx2() {
+#ifdef TRITONLLM_AVX2
+  return true;
+#else
+  return false;
+#endif
+}

@@ -1,0 +1,77 @@
+"""The int8 (blocks of 32) and bf16 linear kernels, for every instruction set this CPU runs: they match a
+PyTorch reference on shapes that hit every tile edge, in both batch regimes (int8 dot products for a few
+tokens, fp32 expansion for more), and the PyTorch fallback of the int8 linear matches the kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonllm.model import quant
+from tritonllm.model.cpu_kernels import load_kernels, supported_isas
+from tritonllm.model.quant import BlockInt8Linear, expand_int8_blocks, quantize_int8_blocks
+
+# (tokens, out_features, in_features): 1-4 tokens take the int8 dot product, more the fp32 expansion;
+# out_features not a multiple of 4 and in_features not a multiple of 32 or 8 exercise the edges.
+SHAPES = [(1, 7, 64), (2, 9, 40), (3, 13, 576), (4, 4, 37), (5, 13, 576), (17, 30, 100), (33, 65, 256)]
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel multiplies for a few tokens: x rounded to int8 per block of 32."""
+    blocks = torch.nn.functional.pad(x, (0, -x.shape[-1] % 32)).view(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(blocks / scale.clamp(min=1e-12)) * scale
+    return q.view(x.shape[0], -1)[:, : x.shape[-1]]
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int8_linear_matches_reference(isa: str, shape: tuple[int, int, int]) -> None:
+    kernels = load_kernels(isa)
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(m * n + k)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    q, scale = quantize_int8_blocks(w)
+    assert q.shape == (n, -(-k // 32) * 32) and scale.shape == (n, q.shape[1] // 32)
+    weight = expand_int8_blocks(q, scale)[:, :k]
+    activations = quantized_activations(x) if m <= 4 else x
+    expected = activations @ weight.T + bias
+    got = kernels.int8_linear(x, q, scale, bias)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    got_bf16 = kernels.int8_linear(x.bfloat16(), q, scale, bias)
+    assert got_bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(got_bf16.float(), expected, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) -> None:
+    kernels = load_kernels(isa)
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(m + n * k)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen).bfloat16()
+    expected = x @ w.float().T
+    torch.testing.assert_close(kernels.bf16_linear(x, w), expected, atol=1e-4, rtol=1e-4)
+    got = kernels.bf16_linear(x.bfloat16(), w)
+    torch.testing.assert_close(got.float(), x.bfloat16().float() @ w.float().T, atol=0.1, rtol=0.05)
+
+
+def test_int8_quantization_error_is_small() -> None:
+    """Blocks of 32 keep weights within half a step of their block's scale."""
+    w = torch.randn(64, 576) * torch.logspace(-3, 0, 576)  # channels of very different magnitudes
+    q, scale = quantize_int8_blocks(w)
+    error = (expand_int8_blocks(q, scale) - w).abs()
+    assert (error <= scale.repeat_interleave(32, dim=1) / 2 + 1e-7).all()
+    assert q.abs().max() <= 127
+
+
+def test_int8_linear_fallback_without_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No compiler: the layer expands its weights once and gives the kernel's answer for larger batches."""
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(24, 96, generator=gen), torch.randn(8, 96, generator=gen)
+    with_kernel = BlockInt8Linear(*quantize_int8_blocks(w))
+    monkeypatch.setattr(quant, "cpu_kernels", lambda device: None)
+    fallback = BlockInt8Linear(*quantize_int8_blocks(w))
+    assert fallback.weight.dtype == torch.float32
+    torch.testing.assert_close(fallback(x), with_kernel(x), atol=1e-4, rtol=1e-4)
