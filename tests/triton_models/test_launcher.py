@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import threading
@@ -15,7 +16,9 @@ from tritonllm.triton.launcher import (
     MODELS,
     LaunchOptions,
     TritonServer,
+    add_arguments,
     build_backend_dir,
+    options_from_args,
     pytriton_paths,
     render_repository,
     server_command,
@@ -33,6 +36,18 @@ def test_render_fills_every_placeholder(tmp_path: Path) -> None:
     engine = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     assert str((tmp_path / "engine").resolve()) in engine and "decoupled: true" in engine
     assert list((repo / "tensorrt_llm" / "1" / "__pycache__").glob("model.*.pyc")), "precompiled"
+
+
+def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
+    repo = render_repository(tmp_path / "repo", LaunchOptions(model=str(tmp_path), decoupled=False))
+    for model in ("tensorrt_llm", "tensorrt_llm_bls"):
+        assert "model_transaction_policy { decoupled: false }" in (repo / model / "config.pbtxt").read_text()
+    args = argparse.ArgumentParser()
+    add_arguments(args)
+    assert (
+        options_from_args(args.parse_args(["--model", str(tmp_path), "--decoupled", "false"])).decoupled
+        is False
+    )
 
 
 def test_backend_dir_and_command(tmp_path: Path) -> None:

@@ -389,3 +389,15 @@ def test_admin_api_needs_the_key(triton_server: TritonServer) -> None:
     assert requests.post(url, timeout=10).status_code == 403
     ok = requests.post(url, headers={"tritonllm-admin-key": "test-admin-key"}, timeout=10)
     assert ok.status_code == 200
+
+
+def test_bls_requests_cancelled_at_once_are_all_aborted(triton_server: TritonServer) -> None:
+    """A cancel that lands while the BLS is still preprocessing, or before tensorrt_llm has the inner
+    request, is not lost: each request is aborted and its blocks freed (the stop is re-sent if the inner
+    request answers after it)."""
+    aborted_before = aborted(triton_server)
+    body = {"text_input": "The quick brown fox", "max_tokens": 400, "min_tokens": 400, "stream": True}
+    for _ in range(5):
+        GrpcStream(triton_server, "tensorrt_llm_bls", body).close(cancel=True)
+    assert wait_for(lambda: aborted(triton_server) == aborted_before + 5, timeout_s=20)
+    assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 5)

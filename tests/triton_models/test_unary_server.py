@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 from test_nvidia_clients import PROMPT, engine_inputs, tensor, text_inputs
 from triton_fixture import metric_sum, start_server, tiny_server_options, wait_for
@@ -94,15 +95,14 @@ def first_token_ns(result) -> int:
 
 
 def test_high_priority_starts_before_earlier_low_priority_and_preempts(unary_server: TritonServer) -> None:
-    """Two low-priority requests run, two more wait; high-priority ones, sent last through each model
-    and each way of giving a priority, get their first token before the waiting low ones and preempt
-    a running one (the engine has two slots)."""
+    """Two low-priority requests run, two more wait; high-priority ones, sent last through each model,
+    get their first token before the waiting low ones and preempt a running one (two engine slots)."""
     perf = {"return_perf_metrics": np.array([[True]])}
     low_inputs = engine_inputs(
         [5, 6, 7],
-        120,
+        400,
         False,
-        min_tokens=np.array([[120]], dtype=np.int32),
+        min_tokens=np.array([[400]], dtype=np.int32),
         priority=np.array([[LOW]], np.int32),
     )
     preemptions = metric_sum(unary_server.metrics_url, "tritonllm_preemptions_total")
@@ -124,25 +124,28 @@ def test_high_priority_starts_before_earlier_low_priority_and_preempts(unary_ser
                 "tensorrt_llm",
                 engine_inputs([8, 9], 4, False, priority=np.array([[HIGH]], np.int32), **perf),
             ),
-            pool.submit(  # the request parameter, through the ensemble's preprocessing
+            pool.submit(  # through the ensemble's preprocessing
                 client(unary_server).infer,
                 "ensemble",
-                text_inputs([PROMPT], 4, False, return_perf_metrics=np.array([[True]])),
-                parameters={"priority": HIGH},
-            ),
-            pool.submit(  # the optional input, through the BLS
-                client(unary_server).infer,
-                "tensorrt_llm_bls",
                 text_inputs([PROMPT], 4, False, priority=np.array([[HIGH]], np.int32), **perf),
+            ),
+            pool.submit(  # through the BLS, as a /generate JSON key
+                requests.post,
+                f"http://{unary_server.http_url}/v2/models/tensorrt_llm_bls/generate",
+                json={"text_input": PROMPT, "max_tokens": 4, "priority": HIGH, "return_perf_metrics": True},
+                timeout=TIMEOUT_S,
             ),
         ]
         high_results = [h.result(TIMEOUT_S) for h in highs]
         low_results = [low.result(TIMEOUT_S) for low in lows]
+    bls = high_results[2]
+    assert bls.status_code == 200 and "first_token_time_ns" in bls.json(), bls.text
     started_lows = sorted(low_results, key=first_token_ns)
     waited = started_lows[2:]  # the two that were waiting when the high ones came
-    assert max(first_token_ns(h) for h in high_results) < min(first_token_ns(w) for w in waited)
+    high_firsts = [first_token_ns(h) for h in high_results[:2]] + [bls.json()["first_token_time_ns"]]
+    assert max(high_firsts) < min(first_token_ns(w) for w in waited)
     assert metric_sum(unary_server.metrics_url, "tritonllm_preemptions_total") >= preemptions + 1
-    assert all(r.as_numpy("sequence_length")[0][0] == 3 + 120 for r in low_results), "preempted ones finish"
+    assert all(r.as_numpy("sequence_length")[0][0] == 3 + 400 for r in low_results), "preempted ones finish"
 
 
 def test_rejections_are_busy_errors_and_counted(unary_server: TritonServer) -> None:

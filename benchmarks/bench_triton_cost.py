@@ -1,0 +1,156 @@
+"""What serving through Triton costs against the engine in-process, at batch 1 and 32 (issue 11 part 4).
+
+Side by side in one script: the same token-id requests (greedy, `min_tokens = max_tokens`, fresh
+prompts every run so the prefix cache helps neither side) go to a `ServingEngine` in this process and,
+over one gRPC stream each, to `tensorrt_llm` of a `tritonllm launch` server on the same model and
+engine settings. The two alternate run by run (order rotated every round) and only one is busy at a
+time. Reported per batch size: median output tokens/s of each and the Triton/in-process ratio (the
+target: >= 0.95). Writes `results/triton_cost.json`.
+
+    .venv/bin/python benchmarks/bench_triton_cost.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_serving_paths import free_ports, tensor  # noqa: E402
+
+from tritonllm.default_model import model_path_or_default  # noqa: E402
+from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
+from tritonllm.engine.serving import ServingEngine  # noqa: E402
+from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
+
+TIMEOUT_S = 600.0
+
+
+def prompts(batch: int, run: int, length: int) -> list[list[int]]:
+    """Distinct prompts per run and request (no prefix-cache hits across runs)."""
+    rng = np.random.default_rng(run)
+    return [rng.integers(100, 20000, size=length).tolist() for _ in range(batch)]
+
+
+def in_process(engine: ServingEngine, batch_prompts: list[list[int]], max_tokens: int, tag: str) -> float:
+    params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, top_k=1)
+    started = time.perf_counter()
+    streams = [engine.submit(f"{tag}-{i}", p, params) for i, p in enumerate(batch_prompts)]
+    tokens = sum(len(s.result(TIMEOUT_S).token_ids) for s in streams)
+    return tokens / (time.perf_counter() - started)
+
+
+def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) -> float:
+    n = np.array([[max_tokens]], dtype=np.int32)
+    counts = [0] * len(batch_prompts)
+
+    def one(i: int, prompt: list[int]) -> None:
+        done: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(url)
+        client.start_stream(callback=lambda result, error: done.put((result, error)))
+        client.async_stream_infer(
+            "tensorrt_llm",
+            [
+                tensor("input_ids", np.array([prompt], dtype=np.int32)),
+                tensor("input_lengths", np.array([[len(prompt)]], dtype=np.int32)),
+                tensor("request_output_len", n),
+                tensor("min_tokens", n),
+                tensor("runtime_top_k", np.array([[1]], dtype=np.int32)),
+                tensor("streaming", np.array([[True]])),
+            ],
+            enable_empty_final_response=True,
+        )
+        while True:
+            result, error = done.get(timeout=TIMEOUT_S)
+            if error is not None:
+                raise RuntimeError(error)
+            if result.get_output("output_ids") is not None:
+                counts[i] += int(result.as_numpy("sequence_length")[0][0])
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+        client.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(batch_prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="HF checkpoint or engine directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    model = model_path_or_default(args.model)
+    batches = [int(b) for b in args.batches.split(",")]
+    http, grpc, metrics = free_ports(3)
+    options = LaunchOptions(
+        model=model, http_port=http, grpc_port=grpc, metrics_port=metrics, num_threads=args.threads
+    )
+    config = EngineConfig(model=model, num_threads=args.threads)
+    results: dict[int, dict[str, list[float]]] = {b: {"in_process": [], "triton": []} for b in batches}
+    with TritonServer(options) as server:
+        server.wait_ready(600)
+        engine = ServingEngine(config)
+        try:
+            warm = prompts(1, -1, args.prompt_tokens)  # first steps (kernels, allocations) on both
+            in_process(engine, warm, 4, "warm")
+            through_triton(server.grpc_url, warm, 4)
+            run = 0
+            for r in range(args.rounds):
+                for batch in batches:
+                    order = ["in_process", "triton"] if (r + batch) % 2 == 0 else ["triton", "in_process"]
+                    for mode in order:
+                        run += 1
+                        batch_prompts = prompts(batch, run, args.prompt_tokens)
+                        if mode == "in_process":
+                            tps = in_process(engine, batch_prompts, args.max_tokens, f"r{run}")
+                        else:
+                            tps = through_triton(server.grpc_url, batch_prompts, args.max_tokens)
+                        results[batch][mode].append(tps)
+                        print(f"round {r} batch {batch} {mode}: {tps:.1f} tok/s", flush=True)
+        finally:
+            engine.shutdown()
+    summary = {
+        "cpu": platform.processor() or platform.machine(),
+        "load_average": os.getloadavg(),
+        "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens,
+        "runs": results,
+        "median_tok_s": {b: {m: statistics.median(v) for m, v in r.items()} for b, r in results.items()},
+    }
+    for batch, medians in summary["median_tok_s"].items():
+        ratio = medians["triton"] / medians["in_process"]
+        summary.setdefault("triton_over_in_process", {})[batch] = ratio
+        print(f"batch {batch}: in-process {medians['in_process']:.1f} tok/s, Triton {medians['triton']:.1f}, "
+              f"ratio {ratio:.3f}")  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "triton_cost.json").write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
