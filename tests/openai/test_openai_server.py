@@ -27,6 +27,7 @@ MODEL = "tiny"  # the served model name
 ABORTED = r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
 KV_USED = "tritonllm_kv_cache_blocks_used"
 WAITING = "tritonllm_num_requests_waiting"
+RUNNING = "tritonllm_num_requests_running"
 GENERATED = "tritonllm_generation_tokens_total"
 KEYS = {
     "premium": {"key": "sk-premium", "tier": "premium"},
@@ -421,7 +422,8 @@ def test_concurrency_cap_queues_then_times_out(stack: Stack) -> None:
 
 
 def test_premium_key_overtakes_batch_key_on_a_saturated_engine(stack: Stack) -> None:
-    """2 batch requests run, 2 more wait; a premium request sent after them gets its first token first."""
+    """2 batch requests run (500 tokens, seconds), 2 more wait; a premium request sent after them gets
+    its first token before the waiting ones (the engine preempts a running batch request for it)."""
 
     async def first_token_at(client: openai.AsyncOpenAI, max_tokens: int) -> float:
         stream = await client.completions.create(
@@ -439,8 +441,8 @@ def test_premium_key_overtakes_batch_key_on_a_saturated_engine(stack: Stack) -> 
 
     async def run() -> tuple[float, list[float]]:
         batch, premium = stack.async_client("batch"), stack.async_client("premium")
-        running = [asyncio.create_task(first_token_at(batch, 120)) for _ in range(2)]
-        assert await asyncio.to_thread(wait_for, lambda: metric_sum(stack.metrics, KV_USED) > 0, 10)
+        running = [asyncio.create_task(first_token_at(batch, 500)) for _ in range(2)]
+        assert await asyncio.to_thread(wait_for, lambda: metric_sum(stack.metrics, RUNNING) == 2, 10)
         waiting = [asyncio.create_task(first_token_at(batch, 30)) for _ in range(2)]
         assert await asyncio.to_thread(wait_for, lambda: metric_sum(stack.metrics, WAITING) == 2, 10)
         vip = await first_token_at(premium, 30)

@@ -5,8 +5,9 @@ reads token counts, log-probabilities and finish reasons exactly as that client 
 iteration early (client gone, stop string, timeout) cancels the gRPC stream; the BLS then cancels the
 engine request, which frees its KV blocks within one step.
 
-Triton's errors become the caller's status: the engine's busy error 429, Triton unreachable 503, bad
-input 400 (Triton names the tensor; the message says which), a missing model 503.
+The engine priority of the caller's tier goes in the `priority` input (lower is served first) where
+the model declares it. Triton's errors become the caller's status: the engine's busy error 429, Triton
+unreachable 503, bad input 400 (Triton names the tensor; the message says which), a missing model 503.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class TritonBackend:
         self.connect_timeout_s = connect_timeout_s
         self.retry_after_s = retry_after_s
         self._client = grpcaio.InferenceServerClient(url)
+        self._inputs: frozenset[str] | None = None
 
     def _error(self, exc: Exception) -> APIError:
         if isinstance(exc, grpc.aio.AioRpcError):
@@ -101,13 +103,32 @@ class TritonBackend:
             return api_error(ServerUnavailableError(text or status), self.retry_after_s)
         return api_error(classify(text or str(exc), self.model), self.retry_after_s)
 
+    async def _declared_inputs(self) -> frozenset[str]:
+        """The model's input names (cached once read): which optional inputs this server takes."""
+        if self._inputs is None:
+            try:
+                metadata = await self._client.get_model_metadata(
+                    self.model, as_json=True, client_timeout=self.connect_timeout_s
+                )
+            except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+                raise self._error(exc) from None
+            self._inputs = frozenset(i["name"] for i in metadata.get("inputs", []))
+        return self._inputs
+
     async def generate(self, inputs: dict[str, Any], priority: int, request_id: str) -> AsyncIterator[Piece]:
         """Stream one generation. Closing this iterator early cancels the request on the server."""
+        declared = await self._declared_inputs()
+        inputs = dict(inputs)
+        if "priority" in declared:  # this project's models; NVIDIA's have no priority input
+            inputs["priority"] = priority
+        if "return_num_output_tokens" in declared:  # exact token counts per response
+            inputs["return_num_output_tokens"] = True
+        else:  # NVIDIA's older models: count the log-probabilities, one per token
+            inputs["return_log_probs"] = True
         request = {
             "model_name": self.model,
             "inputs": [grpc_tensor(name, value) for name, value in inputs.items()],
             "request_id": request_id,
-            "priority": priority,  # Triton's request priority (the gRPC `priority` request parameter)
         }
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
