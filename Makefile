@@ -11,11 +11,12 @@ STAMP := $(VENV)/.tritonllm-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
+OPENAI_PORT ?= 9000
 
 .PHONY: help venv model serve test lint bench
 
 help:
-	@echo "make serve   serve the default model (SmolLM2-135M-Instruct) on Triton; SERVE_ARGS=... adds options"
+	@echo "make serve   serve the default model (SmolLM2-135M-Instruct) on Triton + the OpenAI API on OPENAI_PORT (9000); SERVE_ARGS=... adds options"
 	@echo "make test    run the tests"
 	@echo "make lint    ruff check + ruff format --check"
 	@echo "make bench   run benchmarks/bench_engine.py"
@@ -55,7 +56,7 @@ model: venv
 	$(PY) -m tritonllm.default_model
 
 serve: venv model
-	$(VENV)/bin/tritonllm launch $(SERVE_ARGS)
+	$(VENV)/bin/tritonllm launch --openai-port $(OPENAI_PORT) $(SERVE_ARGS)
 
 test: venv model
 	@$(PY) -m pytest -q --durations=10 $(PYTEST_ARGS); rc=$$?; \

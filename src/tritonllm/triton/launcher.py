@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from string import Template
 
+from tritonllm.openai.child import FrontDoorProcess
+
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 ENGINE_MODEL = "tensorrt_llm"
 ADMIN_HEADER = "tritonllm-admin-key"
@@ -81,6 +83,7 @@ class LaunchOptions:
     restrict_admin: bool = True
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     log_verbose: int = 0
+    openai_port: int | None = None  # also start the OpenAI front door (tritonllm.openai) here
 
     def __post_init__(self) -> None:
         """Reject values the templates would carry into a config Triton or the engine refuses later."""
@@ -377,6 +380,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-restrict-admin", action="store_true", help="leave the admin APIs open")
     parser.add_argument("--log-verbose", type=int, default=0)
+    parser.add_argument(
+        "--openai-port",
+        type=int,
+        help="also serve the OpenAI-compatible API on this port (keys: $TRITONLLM_OPENAI_API_KEYS)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> LaunchOptions:
@@ -404,12 +412,21 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         exit_timeout_s=args.exit_timeout,
         restrict_admin=not args.no_restrict_admin,
         log_verbose=args.log_verbose,
+        openai_port=args.openai_port,
     )
+
+
+def _start_front_door(options: LaunchOptions, server: TritonServer) -> FrontDoorProcess:
+    model = options.tokenizer_dir or options.model
+    return FrontDoorProcess(
+        model, server.grpc_url, options.address, options.openai_port, options.max_model_len
+    ).start()
 
 
 def launch(options: LaunchOptions, ready_timeout_s: float = 300.0) -> int:
     """Run the server in the foreground until it exits or SIGINT/SIGTERM; returns its exit status."""
     server = TritonServer(options)
+    front_door: FrontDoorProcess | None = None
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -434,6 +451,9 @@ def launch(options: LaunchOptions, ready_timeout_s: float = 300.0) -> int:
             )
             if options.restrict_admin:
                 print(f"  admin APIs need the header {ADMIN_HEADER}: {options.admin_key}", file=sys.stderr)
+            if options.openai_port:
+                front_door = _start_front_door(options, server)
+                print(f"  OpenAI  {front_door.url}  (POST /chat/completions, /completions)", file=sys.stderr)
             print("tritonllm: Ctrl-C stops the server", file=sys.stderr, flush=True)
         while not stopping and server.process is not None and server.process.poll() is None:
             time.sleep(0.2)
@@ -449,6 +469,8 @@ def launch(options: LaunchOptions, ready_timeout_s: float = 300.0) -> int:
             )
         return server.stop() or 0
     finally:
+        if front_door is not None:
+            front_door.stop()
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
