@@ -344,6 +344,9 @@ def test_limits_are_checked_before_enqueueing_without_tensorrt_llm(engine: Trtll
         engine.submit("long", list(range(33)), SamplingParams(max_tokens=1))
     with pytest.raises(InvalidRequestError, match=r"max_tokens: prompt \(30\) \+ max_tokens \(40\) exceed"):
         engine.submit("long", list(range(30)), SamplingParams(max_tokens=40))
+    guided = SamplingParams(max_tokens=4, guided_decoding_guide_type="regex", guided_decoding_guide="a+")
+    with pytest.raises(InvalidRequestError, match="guided_decoding_guide_type: .* TensorRT"):
+        engine.submit("guided", [1], guided)
     assert engine.executor.requests == {}
 
 

@@ -74,7 +74,7 @@ def test_input_lengths_truncates_padded_ids() -> None:
         ({"prompt_embedding_table": np.ones((1, 2, 4), dtype=np.float16)}, "prompt_embedding_table"),
         ({"lookahead_window_size": np.array([[4]], dtype=np.int32)}, "lookahead_window_size"),
         ({"input_lengths": np.array([[9]], dtype=np.int32)}, "input_lengths"),
-        ({"guided_decoding_guide": np.array([[b"{}"]], dtype=object)}, "guided_decoding_guide"),
+        ({"guided_decoding_guide": np.array([[b"{}"]], dtype=object)}, "guided_decoding_guide_type"),
     ],
 )
 def test_bad_input_names_its_tensor(extra: dict, tensor: str) -> None:

@@ -232,6 +232,10 @@ class TrtllmEngine:
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:
             raise InvalidRequestError("input_ids", "the prompt is empty")
+        if params.guided:  # needs the executor's guided-decoding config (xgrammar), not set up here
+            raise InvalidRequestError(
+                "guided_decoding_guide_type", "guided decoding is not supported with TensorRT-LLM engines yet"
+            )
         if len(prompt) > self.settings.max_input_len:
             raise InvalidRequestError(
                 "input_ids",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.errors import InvalidRequestError
+from tritonllm.engine.guided import GuideCompiler
 from tritonllm.engine.kv_cache_manager import KVCacheManager
 from tritonllm.engine.model_runner import ModelRunner
 from tritonllm.engine.sampling_params import SamplingParams
@@ -78,6 +79,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting
         )
+        self.guides = GuideCompiler(config.model, self.vocab_size, self.eos_ids)
         self._requests: dict[str, Sequence] = {}
         self._prompt_tokens = 0
         self._generated_tokens = 0
@@ -99,7 +101,12 @@ class LLMEngine:
             end_ids = frozenset()
         else:
             end_ids = frozenset([params.end_id]) if params.end_id is not None else self.eos_ids
-        seq = Sequence(request_id, prompt_token_ids, params, priority, end_ids)
+        guide = (
+            self.guides.matcher(params.guided_decoding_guide_type, params.guided_decoding_guide)
+            if params.guided
+            else None
+        )
+        seq = Sequence(request_id, prompt_token_ids, params, priority, end_ids, guide)
         self.scheduler.add(seq)
         self._requests[request_id] = seq
 
@@ -126,6 +133,8 @@ class LLMEngine:
         for stop in params.stop_token_ids:
             if any(not 0 <= t < self.vocab_size for t in stop):
                 raise InvalidRequestError("stop_token_ids", f"token ids {stop} are outside the vocabulary")
+        if params.guided:  # compiled here, on the caller's thread, and cached for add_request
+            self.guides.compile(params.guided_decoding_guide_type, params.guided_decoding_guide)
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """End a request now, wherever it is; its blocks are back in the pool when this returns."""
@@ -158,6 +167,9 @@ class LLMEngine:
         outputs = []
         for chunk, token, logprob in sampled:
             seq = chunk.seq
+            if seq.guide is not None and token not in seq.end_ids and not seq.guide.accept(token):
+                outputs.append(self._fail(seq, f"guided decoding: {seq.guide.error}"))
+                continue
             seq.token_ids.append(token)
             seq.logprobs.append(logprob)
             self._generated_tokens += 1
@@ -172,6 +184,8 @@ class LLMEngine:
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.params
+        if seq.guide is not None and seq.guide.is_complete:
+            return FinishReason.STOP
         if seq.num_output_tokens >= p.min_tokens:
             if token in seq.end_ids:
                 return FinishReason.STOP

@@ -1,4 +1,5 @@
-"""Next-token choice per sequence: penalties, bad words, min_tokens, temperature, top-k, top-p, seeded draws.
+"""Next-token choice per sequence: penalties, bad words, min_tokens, grammar masks, temperature, top-k,
+top-p, seeded draws.
 
 Each sequence samples with its own generator, so a seed gives the same tokens whatever else is in
 the batch. Log-probabilities are those of the model's own distribution (before penalties/temperature).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from tritonllm.engine.guided import TokenMasks
 from tritonllm.engine.sequence import Sequence
 
 
@@ -51,6 +53,9 @@ def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 
 class Sampler:
+    def __init__(self) -> None:
+        self.token_masks = TokenMasks()
+
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float | None]]:
         """Token id and (if asked) its log-probability for each row of `logits` [S, vocab] fp32."""
         want_logprobs = [s.params.logprobs for s in seqs]
@@ -62,7 +67,8 @@ class Sampler:
             or s.params.bad_token_ids
             or (s.num_output_tokens < s.params.min_tokens and s.blocked_ids)
         ]
-        if needs_edit:
+        guided = [i for i, s in enumerate(seqs) if s.guide is not None]
+        if needs_edit or guided:
             logits = logits.clone()
         for i in needs_edit:
             seq = seqs[i]
@@ -71,6 +77,10 @@ class Sampler:
                 logits[i, banned_tokens(seq)] = float("-inf")
             if seq.num_output_tokens < seq.params.min_tokens:
                 logits[i, list(seq.blocked_ids)] = float("-inf")
+        if guided:
+            self.token_masks.apply(
+                logits, guided, [seqs[i].guide for i in guided], [seqs[i].end_ids for i in guided]
+            )
         tokens = torch.argmax(logits, dim=-1).tolist()
         for i, seq in enumerate(seqs):
             p = seq.params

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tritonllm.engine.errors import InvalidRequestError
+from tritonllm.engine.guided import grammar_for
 
 
 @dataclass
@@ -15,6 +16,9 @@ class SamplingParams:
     `stop_token_ids` are token sequences that end the generation (included in the output);
     `bad_token_ids` are token sequences never generated (their last token is banned wherever the
     tokens before it were just generated, as HF's `bad_words_ids` and TensorRT-LLM's bad words).
+    `guided_decoding_guide_type` (`json`, `json_schema`, `regex`, `ebnf_grammar`) and
+    `guided_decoding_guide` constrain the output to a grammar (NVIDIA's names; see guided.py): the
+    request ends with `stop` when the grammar is complete, `length` if max_tokens comes first.
     """
 
     max_tokens: int = 16
@@ -31,6 +35,8 @@ class SamplingParams:
     stop_token_ids: list[list[int]] = field(default_factory=list)
     bad_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: bool = False
+    guided_decoding_guide_type: str | None = None
+    guided_decoding_guide: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -61,6 +67,13 @@ class SamplingParams:
             raise InvalidRequestError("stop_token_ids", "a stop sequence is empty")
         if any(len(bad) == 0 for bad in self.bad_token_ids):
             raise InvalidRequestError("bad_token_ids", "a bad-words sequence is empty")
+        if self.guided:
+            grammar_for(self.guided_decoding_guide_type, self.guided_decoding_guide)
+
+    @property
+    def guided(self) -> bool:
+        """Whether the output is constrained to a grammar."""
+        return self.guided_decoding_guide_type is not None or self.guided_decoding_guide is not None
 
     @property
     def greedy(self) -> bool:

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from tritonllm.engine.guided import GuideMatcher
 from tritonllm.engine.sampling_params import SamplingParams
 
 _arrival_counter = itertools.count()
@@ -32,7 +33,8 @@ class Sequence:
     """Tokens (prompt then output), how many have KV in the cache, and scheduling keys.
 
     `num_computed_tokens` counts tokens whose KV is in the cache; the scheduler advances it.
-    After preemption it goes back to 0 and the whole sequence is recomputed.
+    After preemption it goes back to 0 and the whole sequence is recomputed. `guide` (a guided
+    request's grammar position) follows the output tokens only, so a recompute leaves it as it is.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class Sequence:
         params: SamplingParams,
         priority: int = 0,
         end_ids: frozenset[int] = frozenset(),
+        guide: GuideMatcher | None = None,
     ):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
@@ -63,6 +66,7 @@ class Sequence:
         self.blocked_ids = end_ids | {stop[0] for stop in params.stop_token_ids if len(stop) == 1}
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.generator: torch.Generator | None = None  # made by the sampler on the logits' device
+        self.guide = guide
 
     def __len__(self) -> int:
         return len(self.token_ids)

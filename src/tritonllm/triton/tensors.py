@@ -39,8 +39,6 @@ UNSUPPORTED_ENGINE_INPUTS = (
     "prompt_embedding_table",
     "prompt_table_extra_ids",
     "prompt_vocab_size",
-    "guided_decoding_guide_type",
-    "guided_decoding_guide",
     "draft_input_ids",
     "draft_logits",
     "encoder_input_features",
@@ -341,6 +339,8 @@ def parse_engine_request(inputs: Inputs, priority_parameter: object = None) -> E
             stop_token_ids=from_word_list(inputs, "stop_words_list"),
             bad_token_ids=from_word_list(inputs, "bad_words_list"),
             logprobs=scalar(inputs, "return_log_probs", bool, False),
+            guided_decoding_guide_type=scalar(inputs, "guided_decoding_guide_type", str) or None,
+            guided_decoding_guide=scalar(inputs, "guided_decoding_guide", str) or None,
         )
     except InvalidRequestError as exc:
         if exc.field == "min_tokens" and "min_tokens" not in inputs and "min_length" in inputs:
