@@ -33,7 +33,7 @@ def unary_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         tiny_llama_dir,
         decoupled=False,
         max_num_seqs=2,
-        max_waiting=4,
+        max_waiting=8,
         num_kv_blocks=256,
         disable_kernels=True,
     )
@@ -168,7 +168,7 @@ def test_rejections_are_busy_errors_and_counted(unary_server: TritonServer) -> N
         t.start()
     for t in threads:
         t.join(TIMEOUT_S)
-    assert errors, "16 at once overflow 2 running + 4 waiting"
+    assert errors, "16 at once overflow 2 running + 8 waiting"
     assert all("server busy" in e and "UNAVAILABLE" in e for e in errors), errors
     assert wait_for(
         lambda: metric_sum(unary_server.metrics_url, "tritonllm_requests_rejected_total")
