@@ -35,6 +35,15 @@ LOADTEST_SERIES = frozenset(
 # them; names as in Triton's metrics documentation.
 GPU_ONLY_SERIES = frozenset({"nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"})
 
+
+def front_door_series() -> frozenset[str]:
+    """The OpenAI front door's series (its own /metrics: `tritonllm/openai/metrics.py`)."""
+    from tritonllm.openai.metrics import FrontDoorMetrics
+
+    suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+    return frozenset(f.name + s for f in FrontDoorMetrics().registry.collect() for s in suffixes[f.type])
+
+
 _METRIC = re.compile(r"\b((?:tritonllm|nv)_[a-z0-9_]+)\b")
 _RECORDED = re.compile(r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b")
 
