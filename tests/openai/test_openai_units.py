@@ -292,3 +292,28 @@ def test_stream_chunks_follow_openai_shapes() -> None:
     completion = ResponseBuilder("completion", "m", logprobs=True)
     completion.chunk(Delta("ab", [-1.0], ["ab"]))
     assert completion.chunk(Delta("c", [-2.0], ["c"]))["choices"][0]["logprobs"]["text_offset"] == [2]
+
+
+def test_request_deadline_raises_at_the_next_piece_and_closes_the_stream() -> None:
+    from tritonllm.openai.app import _until
+
+    closed = []
+
+    async def slow_pieces():
+        try:
+            yield _piece("a", 1)
+            await asyncio.Event().wait()  # a generation that never sends its next piece
+            yield _piece("b", 1)
+        finally:
+            closed.append(True)
+
+    async def run() -> list[str]:
+        loop = asyncio.get_running_loop()
+        seen = []
+        with pytest.raises(TimeoutError):
+            async for piece in _until(slow_pieces(), loop.time() + 0.2):
+                seen.append(piece.text)
+        return seen
+
+    assert asyncio.run(run()) == ["a"]
+    assert closed == [True]  # the inner stream (the gRPC call) was closed

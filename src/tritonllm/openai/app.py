@@ -61,6 +61,17 @@ def _error_response(exc: APIError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status, headers=exc.headers())
 
 
+async def _until(pieces: AsyncIterator[Piece], deadline: float) -> AsyncIterator[Piece]:
+    """The pieces, raising TimeoutError where the next one is awaited once `deadline` (loop time) passes."""
+    async with contextlib.aclosing(pieces):
+        while True:
+            async with asyncio.timeout_at(deadline):
+                piece = await anext(pieces, None)
+            if piece is None:
+                return
+            yield piece
+
+
 class _Timer:
     """Observes TTFT, ITLs and end-to-end latency of one request from its pieces' arrival times."""
 
@@ -217,11 +228,10 @@ class FrontDoor:
         builder = ResponseBuilder(gen.kind, self.config.served_model_name, gen.logprobs)
         timer = _Timer(self.metrics, tier, started_s)
         priority = self.config.keys.priority(tier)
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
+        generation = _until(self.backend.generate(gen.inputs, priority, builder.id), deadline)
         try:
-            async with (
-                asyncio.timeout(self.config.request_timeout_s),
-                contextlib.aclosing(self.backend.generate(gen.inputs, priority, builder.id)) as pieces,
-            ):
+            async with contextlib.aclosing(generation) as pieces:
                 if gen.stream:
                     return await self._stream(request, gen, builder, out, timer, pieces)
                 async for piece in pieces:

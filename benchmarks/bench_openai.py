@@ -1,0 +1,287 @@
+"""What the OpenAI front door costs: the same streamed generations straight to `tensorrt_llm_bls` over gRPC
+and through `tritonllm openai` (HTTP, SSE, the official `openai` client), on one Triton server.
+
+Both paths send the same inputs (the front door's own translation of one completion body: greedy,
+`ignore_eos`, so every request generates exactly `--max-tokens` tokens), `--concurrency` at a time, with
+fresh prompts of `--prompt-tokens` tokens per request (no prefix-cache hits). The paths alternate, order
+rotated every round, so machine load hits both alike. Reported per path: medians over rounds of the p50
+and p95 time to first token, the p50 of per-request mean inter-token latency, and output tokens/s; the
+front door's TTFT p50 as a ratio of the direct path's. With `--aiperf PATH` it also runs NVIDIA's aiperf
+against the front door (chat, streaming, same sizes and concurrency) and the direct path right after it.
+Writes `results/openai.json` and `.md`.
+
+    .venv/bin/python benchmarks/bench_openai.py                                   # SmolLM2, 7 rounds
+    .venv/bin/python benchmarks/bench_openai.py --aiperf .cache/aiperf-venv/bin/aiperf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import openai
+
+from tritonllm.default_model import model_path_or_default
+from tritonllm.openai.child import FrontDoorProcess
+from tritonllm.openai.protocol import PromptEncoder, RequestTranslator
+from tritonllm.openai.triton import TritonBackend
+from tritonllm.tokenization import load_tokenizer
+from tritonllm.triton.launcher import LaunchOptions, TritonServer
+
+PATHS = ("grpc_direct", "openai_front_door")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_prompts(encoder: PromptEncoder, n: int, tokens: int, seed: str) -> list[str]:
+    """`n` distinct prompts of about `tokens` tokens each: random vocabulary tokens, decoded."""
+    rng = random.Random(seed)
+    tokenizer = encoder.tokenizer
+    low, high = 1000, len(tokenizer) - 1000  # clear of the special and byte tokens at either end
+    return [tokenizer.decode([rng.randrange(low, high) for _ in range(tokens)]) for _ in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Runner:
+    def __init__(
+        self, backend: TritonBackend, front_door_url: str, translator: RequestTranslator, model: str
+    ):
+        self.backend = backend
+        self.translator = translator
+        self.model = model
+        self.client = openai.AsyncOpenAI(base_url=front_door_url, api_key="unused", max_retries=0)
+
+    def body(self, prompt: str, max_tokens: int) -> dict:
+        return {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+
+    async def direct(self, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+        inputs = self.translator.completion(self.body(prompt, max_tokens)).inputs
+        start = time.perf_counter()
+        arrivals, tokens = [], 0
+        async for piece in self.backend.generate(inputs, 1, uuid.uuid4().hex):
+            if piece.num_tokens:
+                arrivals.append(piece.received_s - start)
+                tokens += piece.num_tokens
+        return arrivals[0], arrivals, tokens
+
+    async def front_door(self, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+        body = self.body(prompt, max_tokens)
+        extra = {"ignore_eos": body.pop("ignore_eos")}
+        start = time.perf_counter()
+        stream = await self.client.completions.create(
+            **body, stream=True, stream_options={"include_usage": True}, extra_body=extra
+        )
+        arrivals, tokens = [], 0
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                arrivals.append(time.perf_counter() - start)
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return arrivals[0], arrivals, tokens
+
+    async def round(self, path: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
+        gate = asyncio.Semaphore(concurrency)
+        call = self.direct if path == "grpc_direct" else self.front_door
+
+        async def one(prompt: str) -> tuple[float, list[float], int]:
+            async with gate:
+                return await call(prompt, max_tokens)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(p) for p in prompts))
+        wall = time.perf_counter() - start
+        ttfts = [r[0] for r in results]
+        itls = [(r[1][-1] - r[1][0]) / (len(r[1]) - 1) for r in results if len(r[1]) > 1]
+        tokens = sum(r[2] for r in results)
+        assert tokens == max_tokens * len(prompts), f"{path}: {tokens} tokens"
+        return {
+            "ttft_p50_ms": 1000 * percentile(ttfts, 0.5),
+            "ttft_p95_ms": 1000 * percentile(ttfts, 0.95),
+            "itl_p50_ms": 1000 * statistics.median(itls),
+            "tokens_per_s": tokens / wall,
+        }
+
+
+def summarize(rounds: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
+def wait_healthy(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"the front door at {url} is not healthy after {timeout_s}s")
+
+
+def run_aiperf(
+    aiperf: str, args: argparse.Namespace, url: str, model: str, model_dir: str, out: Path
+) -> dict:
+    """aiperf against the front door: chat, streaming; returns its TTFT/ITL/throughput summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        aiperf, "profile", "--model", model, "--url", url, "--endpoint-type", "chat", "--streaming",
+        "--tokenizer", model_dir, "--synthetic-input-tokens-mean", str(args.prompt_tokens),
+        "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(args.max_tokens),
+        "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true", "--concurrency",
+        str(args.concurrency), "--request-count", str(args.aiperf_requests), "--warmup-request-count",
+        str(args.concurrency), "--random-seed", "1", "--artifact-dir", str(out), "--ui-type", "none",
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run(cmd, check=True, env=env, timeout=1800)
+    export = next(out.rglob("profile_export_aiperf.json"))
+    data = json.loads(export.read_text())
+
+    def stat(name: str, key: str) -> float:
+        return float(data[name][key])
+
+    return {
+        "ttft_p50_ms": stat("time_to_first_token", "p50"),
+        "ttft_p95_ms": stat("time_to_first_token", "p95"),
+        "itl_p50_ms": stat("inter_token_latency", "p50"),
+        "tokens_per_s": stat("output_token_throughput", "avg"),
+    }
+
+
+def cpu_description() -> str:
+    model, flags = platform.processor() or "unknown", []
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+            flags = [f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "fma", "amx"))]
+            break
+    return f"{model}, {os.cpu_count()} cores, flags {' '.join(sorted(set(flags)))}"
+
+
+async def benchmark(args: argparse.Namespace, runner: Runner, encoder: PromptEncoder) -> dict:
+    per_path: dict[str, list[dict]] = {p: [] for p in PATHS}
+    for path in PATHS:  # warm-up: the kernel, the channels, the front door's first request
+        await runner.round(
+            path, make_prompts(encoder, args.concurrency, 16, f"warm-{path}"), 4, args.concurrency
+        )
+    for r in range(args.rounds):
+        order = PATHS if r % 2 == 0 else PATHS[::-1]
+        for path in order:
+            prompts = make_prompts(encoder, args.requests, args.prompt_tokens, f"{r}-{path}")
+            result = await runner.round(path, prompts, args.max_tokens, args.concurrency)
+            per_path[path].append(result)
+            print(f"round {r} {path}: {json.dumps({k: round(v, 2) for k, v in result.items()})}", flush=True)
+    return {path: summarize(rounds) for path, rounds in per_path.items()}
+
+
+def write_report(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    rows = [
+        "| run | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | output tok/s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, r in results["paths"].items():
+        rows.append(
+            f"| {name} | {r['ttft_p50_ms']:.1f} | {r['ttft_p95_ms']:.1f} | {r['itl_p50_ms']:.2f} | "
+            f"{r['tokens_per_s']:.1f} |"
+        )
+    text = "\n".join(
+        [
+            f"{results['setup']}",
+            "",
+            *rows,
+            "",
+            f"front door TTFT p50 / direct: {results['ttft_p50_ratio']:.3f}",
+        ]
+    )
+    out.with_suffix(".md").write_text(text + "\n")
+    print(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="model folder (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--requests", type=int, default=8, help="requests per path per round")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--aiperf", help="path of the aiperf command (its own virtualenv)")
+    parser.add_argument("--aiperf-requests", type=int, default=32)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "openai"))
+    args = parser.parse_args()
+
+    model_dir = str(model_path_or_default(args.model))
+    encoder = PromptEncoder(load_tokenizer(model_dir))
+    options = LaunchOptions(
+        model=model_dir, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
+    )
+    server = TritonServer(options).start()
+    front_door = FrontDoorProcess(model_dir, server.grpc_url, "127.0.0.1", free_port(), None)
+    try:
+        server.wait_ready(600)
+        front_door.start()
+        wait_healthy(front_door.url.removesuffix("/v1"), 300)
+        model = Path(model_dir).name
+        translator = RequestTranslator(encoder, None, model)
+        backend = TritonBackend(server.grpc_url, "tensorrt_llm_bls", 10.0, 1.0)
+        runner = Runner(backend, front_door.url, translator, model)
+        paths = asyncio.run(benchmark(args, runner, encoder))
+        results: dict = {"paths": paths}
+        if args.aiperf:
+            artifacts = Path(args.out).parent / "openai_aiperf"
+            results["paths"]["aiperf -> openai_front_door"] = run_aiperf(
+                args.aiperf, args, front_door.url.removesuffix("/v1"), model, model_dir, artifacts
+            )
+            prompts = make_prompts(encoder, args.aiperf_requests, args.prompt_tokens, "after-aiperf")
+            results["paths"]["grpc_direct (after aiperf)"] = asyncio.run(
+                runner.round("grpc_direct", prompts, args.max_tokens, args.concurrency)
+            )
+        results["ttft_p50_ratio"] = (
+            paths["openai_front_door"]["ttft_p50_ms"] / paths["grpc_direct"]["ttft_p50_ms"]
+        )
+        load = os.getloadavg()[0]
+        results["setup"] = (
+            f"{Path(model_dir).name}, {args.rounds} rounds x {args.requests} requests per path, concurrency "
+            f"{args.concurrency}, {args.prompt_tokens}-token prompts, {args.max_tokens} output tokens; CPU "
+            f"{cpu_description()}; load average at the end {load:.1f}"
+        )
+        write_report(results, Path(args.out))
+    finally:
+        front_door.stop()
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
