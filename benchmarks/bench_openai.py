@@ -185,7 +185,11 @@ def cpu_description() -> str:
     return f"{model}, {os.cpu_count()} cores, flags {' '.join(sorted(set(flags)))}"
 
 
-async def benchmark(args: argparse.Namespace, runner: Runner, encoder: PromptEncoder) -> dict:
+async def benchmark(args: argparse.Namespace, encoder: PromptEncoder, grpc_url: str, front_door: str) -> dict:
+    """The interleaved rounds, then (with --aiperf) aiperf and a direct run right after it."""
+    model = Path(encoder.tokenizer.name_or_path).name
+    backend = TritonBackend(grpc_url, "tensorrt_llm_bls", 10.0, 1.0)  # on this event loop
+    runner = Runner(backend, f"{front_door}/v1", RequestTranslator(encoder, None, model), model)
     per_path: dict[str, list[dict]] = {p: [] for p in PATHS}
     for path in PATHS:  # warm-up: the kernel, the channels, the front door's first request
         await runner.round(
@@ -198,7 +202,19 @@ async def benchmark(args: argparse.Namespace, runner: Runner, encoder: PromptEnc
             result = await runner.round(path, prompts, args.max_tokens, args.concurrency)
             per_path[path].append(result)
             print(f"round {r} {path}: {json.dumps({k: round(v, 2) for k, v in result.items()})}", flush=True)
-    return {path: summarize(rounds) for path, rounds in per_path.items()}
+    results = {path: summarize(rounds) for path, rounds in per_path.items()}
+    if args.aiperf:
+        artifacts = Path(args.out).parent / "openai_aiperf"
+        results["aiperf -> openai_front_door"] = await asyncio.to_thread(
+            run_aiperf, args.aiperf, args, front_door, model, encoder.tokenizer.name_or_path, artifacts
+        )
+        prompts = make_prompts(encoder, args.aiperf_requests, args.prompt_tokens, "after-aiperf")
+        results["grpc_direct (after aiperf)"] = await runner.round(
+            "grpc_direct", prompts, args.max_tokens, args.concurrency
+        )
+    await backend.close()
+    await runner.client.close()
+    return results
 
 
 def write_report(results: dict, out: Path) -> None:
@@ -252,21 +268,8 @@ def main() -> int:
         server.wait_ready(600)
         front_door.start()
         wait_healthy(front_door.url.removesuffix("/v1"), 300)
-        model = Path(model_dir).name
-        translator = RequestTranslator(encoder, None, model)
-        backend = TritonBackend(server.grpc_url, "tensorrt_llm_bls", 10.0, 1.0)
-        runner = Runner(backend, front_door.url, translator, model)
-        paths = asyncio.run(benchmark(args, runner, encoder))
+        paths = asyncio.run(benchmark(args, encoder, server.grpc_url, front_door.url.removesuffix("/v1")))
         results: dict = {"paths": paths}
-        if args.aiperf:
-            artifacts = Path(args.out).parent / "openai_aiperf"
-            results["paths"]["aiperf -> openai_front_door"] = run_aiperf(
-                args.aiperf, args, front_door.url.removesuffix("/v1"), model, model_dir, artifacts
-            )
-            prompts = make_prompts(encoder, args.aiperf_requests, args.prompt_tokens, "after-aiperf")
-            results["paths"]["grpc_direct (after aiperf)"] = asyncio.run(
-                runner.round("grpc_direct", prompts, args.max_tokens, args.concurrency)
-            )
         results["ttft_p50_ratio"] = (
             paths["openai_front_door"]["ttft_p50_ms"] / paths["grpc_direct"]["ttft_p50_ms"]
         )

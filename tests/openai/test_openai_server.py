@@ -18,8 +18,11 @@ from pathlib import Path
 import openai
 import pytest
 import requests
+from aiohttp.test_utils import TestServer
 from triton_fixture import free_ports, metric_sum, start_server, tiny_server_options, wait_for
 
+from tritonllm.openai.app import FrontDoor
+from tritonllm.openai.config import FrontDoorConfig
 from tritonllm.tokenization import load_tokenizer
 from tritonllm.triton.launcher import TritonServer
 
@@ -321,18 +324,29 @@ def test_engine_busy_is_429_with_retry_after(stack: Stack) -> None:
     assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) == 0, timeout_s=10)
 
 
-def test_triton_unreachable_is_503(stack: Stack, tmp_path: Path) -> None:
+def test_triton_unreachable_is_503(stack: Stack) -> None:
+    """A front door (in-process, real HTTP) whose Triton address has nothing listening."""
     (dead,) = free_ports(1)
-    process, url = start_front_door(
-        front_door_args(stack.model_dir, f"127.0.0.1:{dead}"), tmp_path / "fd.log"
+    config = FrontDoorConfig(
+        tokenizer_dir=str(stack.model_dir), triton_url=f"127.0.0.1:{dead}", served_model_name=MODEL
     )
-    try:
-        assert requests.get(f"{url}/health", timeout=10).status_code == 503
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        error = _error(lambda: client.completions.create(model=MODEL, prompt="a", max_tokens=2))
-        assert error.status_code == 503 and error.body["code"] == "backend_unavailable"
-    finally:
-        stop_process(process)
+
+    async def run() -> tuple[int, openai.APIStatusError]:
+        server = TestServer(FrontDoor(config, load_tokenizer(stack.model_dir)).app())
+        await server.start_server()
+        try:
+            health = await asyncio.to_thread(requests.get, str(server.make_url("/health")), timeout=10)
+            client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="unused", max_retries=0)
+            with pytest.raises(openai.APIStatusError) as info:
+                await client.completions.create(model=MODEL, prompt="a", max_tokens=2)
+            await client.close()
+            return health.status_code, info.value
+        finally:
+            await server.close()
+
+    health, error = asyncio.run(run())
+    assert health == 503
+    assert error.status_code == 503 and error.body["code"] == "backend_unavailable"
 
 
 # Cancellation.
