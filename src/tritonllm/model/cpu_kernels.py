@@ -1,4 +1,4 @@
-"""C++ kernels for CPU decode (paged attention, int8 and bf16 linears), built on first use and cached.
+"""C++ kernels for the CPU (paged attention, int8/bf16 linears, fused layer ops), built on first use, cached.
 
 One build per instruction set, chosen at run time from the CPU's capability (never `-march=native`: a cache
 or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512` forces a variant (the tests
@@ -24,7 +24,7 @@ import torch
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 # The first includes the others (one translation unit).
-SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention.cpp", CSRC / "linear.cpp"]
+SOURCES = [CSRC / n for n in ("bindings.cpp", "layer_ops.cpp", "linear.cpp", "paged_attention.cpp")]
 # Compiler flags per variant; a variant runs only on CPUs whose capability includes it.
 ISA_FLAGS = {
     "generic": [],

@@ -54,6 +54,38 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class TorchLayerOps:
+    """PyTorch versions of the fused per-layer kernels of `csrc/layer_ops.cpp` (same names and semantics),
+    for devices other than the CPU and CPUs where the kernels cannot be built."""
+
+    @staticmethod
+    def add_rms_norm(x, delta, weight, eps: float) -> torch.Tensor:
+        if delta is not None:
+            x.add_(delta)
+        return rms_norm(x, weight, eps)
+
+    @staticmethod
+    def rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, heads: int) -> torch.Tensor:
+        kv_heads, head_dim = k_cache.shape[0], k_cache.shape[-1]
+        qk = qkv[:, : (heads + kv_heads) * head_dim].reshape(-1, heads + kv_heads, head_dim)
+        qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]
+        v = qkv[:, (heads + kv_heads) * head_dim :].reshape(-1, kv_heads, head_dim)
+        k_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, qk[:, heads:].transpose(0, 1))
+        v_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1))
+        return qk
+
+    @staticmethod
+    def silu_and_mul(gate_up) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def layer_ops(device: torch.device):
+    """The fused C++ ops on CPU where they build, else their PyTorch versions."""
+    kernels = load_kernels() if device.type == "cpu" else None
+    return kernels if kernels is not None else TorchLayerOps
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, linears: dict[str, nn.Module], norms: dict[str, torch.Tensor]):
         super().__init__()
@@ -62,25 +94,24 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj, self.down_proj = linears["gate_up"], linears["down"]
         self.input_norm = nn.Parameter(norms["input"], requires_grad=False)
         self.post_attention_norm = nn.Parameter(norms["post_attention"], requires_grad=False)
+        self.ops = layer_ops(self.input_norm.device)
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
         self.scale = args.head_dim**-0.5
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        a = self.args
-        h = rms_norm(x, self.input_norm, a.rms_norm_eps)
+    def forward(self, x, delta, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """Adds the previous layer's output `delta` to the residual stream `x` (in place, as the norm reads
+        it) and returns this layer's output, which the next layer (or the final norm) adds in turn."""
+        a, ops = self.args, self.ops
+        h = ops.add_rms_norm(x, delta, self.input_norm, a.rms_norm_eps)
         qkv = self.qkv_proj(h)
-        # RoPE on queries and keys in one go: they are adjacent in the fused projection.
-        qk = qkv[:, : self.q_size + self.kv_size].reshape(-1, a.num_heads + a.num_kv_heads, a.head_dim)
-        qk = qk * cos + rotate_half(qk) * sin
-        q, k = qk.split([a.num_heads, a.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size :].reshape(-1, a.num_kv_heads, a.head_dim)
         k_cache, v_cache = kv_cache  # [kv_heads, num_blocks, tokens_per_block, head_dim]
-        k_cache.view(a.num_kv_heads, -1, a.head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        v_cache.view(a.num_kv_heads, -1, a.head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        qk = ops.rope_and_cache(qkv, cos, sin, meta.slot_mapping, k_cache, v_cache, a.num_heads)
+        q, k = qk[:, : a.num_heads], qk[:, a.num_heads :]
         if not meta.prefills:
             out = self._decode_attention(q, k_cache, v_cache, meta)
         else:
+            v = qkv[:, self.q_size + self.kv_size :].reshape(-1, a.num_kv_heads, a.head_dim)
             out = torch.empty_like(q)
             if meta.num_decodes:
                 out[: meta.num_decodes] = self._decode_attention(
@@ -90,10 +121,10 @@ class DecoderLayer(nn.Module):
                 out[span.start : span.start + span.length] = self._prefill_attention(
                     q, k, v, k_cache, v_cache, span
                 )
-        x = x + self.o_proj(out.view(-1, self.q_size))
-        h = rms_norm(x, self.post_attention_norm, a.rms_norm_eps)
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        h = ops.add_rms_norm(
+            x, self.o_proj(out.view(-1, self.q_size)), self.post_attention_norm, a.rms_norm_eps
+        )
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h)))
 
     def _decode_attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         """All decodes at once: in place by the CPU kernel, else one gather of their blocks per head,
@@ -165,23 +196,25 @@ class LlamaModel(nn.Module):
         self.lm_head = lm_head
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = attention_scaling
+        self.ops = layer_ops(self.embed.device)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [T, 1, head_dim], computed as HF does (fp32 product, then cast)."""
+        """cos/sin [T, head_dim], computed as HF does (fp32 product, then cast)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype)
         sin = (emb.sin() * self.attention_scaling).to(dtype)
-        return cos[:, None, :], sin[:, None, :]
+        return cos.contiguous(), sin.contiguous()
 
     @torch.inference_mode()
     def forward(
         self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices
     ) -> torch.Tensor:
         """Logits [S, vocab] in fp32 for the tokens at `logits_indices`."""
-        x = F.embedding(input_ids, self.embed)
+        x = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by the layers
         cos, sin = self.rope(positions, x.dtype)
+        delta = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
-            x = layer(x, cos, sin, kv_cache, meta)
-        x = rms_norm(x[logits_indices], self.norm, self.args.rms_norm_eps)
-        return self.lm_head(x).float()
+            delta = layer(x, delta, cos, sin, kv_cache, meta)
+        h = self.ops.add_rms_norm(x[logits_indices], delta[logits_indices], self.norm, self.args.rms_norm_eps)
+        return self.lm_head(h).float()

@@ -4,6 +4,7 @@
 // about a minute per instruction set on 2 cores; three units took three times that).
 #include <torch/extension.h>
 
+#include "layer_ops.cpp"
 #include "linear.cpp"
 #include "paged_attention.cpp"
 
@@ -15,5 +16,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release());
   m.def("bf16_linear", &bf16_linear, "x @ W^T for bfloat16 weights, fp32 accumulation", pybind11::arg("x"),
         pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(), release());
+  m.def("add_rms_norm", &add_rms_norm, "x += delta (in place, when given); returns rms_norm(x) * weight",
+        pybind11::arg("x"), pybind11::arg("delta"), pybind11::arg("weight"), pybind11::arg("eps"), release());
+  m.def("rope_and_cache", &rope_and_cache, "RoPE on q and k of a fused qkv; k and v written to the paged cache",
+        release());
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [T, 2F] projection", release());
   m.def("built_with_avx2", &built_with_avx2, "whether this build uses the AVX2 code paths");
 }
