@@ -9,6 +9,7 @@ import sys
 import uuid
 
 from tritonllm.engine import EngineConfig, SamplingParams
+from tritonllm.engine.config import DTYPES, QUANTIZATIONS
 from tritonllm.engine.serving import ServingEngine
 from tritonllm.tokenization import IncrementalDetokenizer, encode_prompt, load_tokenizer
 
@@ -20,7 +21,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--quantization", choices=["none", "int8_wo", "fp8"], help="default: as built")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="default: as built, else none")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="default: the fastest for this machine"
+    )
     parser.add_argument("--threads", type=int, help="CPU threads (default: the cores available)")
 
 
@@ -65,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     path = model_path_or_default(args.model)
     tokenizer = load_tokenizer(path)
-    engine = ServingEngine(EngineConfig(model=path, quantization=args.quantization, num_threads=args.threads))
+    engine = ServingEngine(
+        EngineConfig(model=path, dtype=args.dtype, quantization=args.quantization, num_threads=args.threads)
+    )
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,

@@ -351,6 +351,8 @@ class TritonServer:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tritonllm.engine.config import DTYPES, QUANTIZATIONS
+
     parser.add_argument("--model", help="HF checkpoint directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
     parser.add_argument("--repository", help="render the model repository here (default: a temporary folder)")
@@ -364,7 +366,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int)
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--threads", type=int, help="engine CPU threads (default: the cores available)")
-    parser.add_argument("--quantization", choices=["none", "int8_wo", "fp8"])
+    parser.add_argument(
+        "--quantization", choices=QUANTIZATIONS, help="engine weights (default: as built, else none)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="engine compute dtype; auto: the fastest accurate one for this machine (default: auto)",
+    )
     parser.add_argument("--preprocessing-instances", type=int, default=1)
     parser.add_argument(
         "--drain-timeout", type=float, default=5.0, help="on stop: seconds in-flight requests may finish"
@@ -407,6 +417,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         max_model_len=args.max_model_len,
         num_threads=args.threads,
         quantization=args.quantization,
+        dtype=args.dtype,
         drain_timeout_s=args.drain_timeout,
         decoupled=args.decoupled == "true",
         exit_timeout_s=args.exit_timeout,
