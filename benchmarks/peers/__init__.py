@@ -1,0 +1,1 @@
+"""Helpers of `bench_peers.py`: peer installs, managed servers, token-id workloads and the report."""

@@ -1,0 +1,128 @@
+"""Ratios and markdown tables from per-server, per-workload summaries (pure functions, unit-tested).
+
+`summaries[label][workload]` is what `workloads.summarise` returns. Throughput ratios are
+this project / peer (> 1: this project is faster); the Poisson TTFT p95 ratio is this project / peer
+too, where < 1 is better.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+Summaries = dict[str, dict[str, dict[str, Any]]]
+
+
+def llama_counterpart(weights: str) -> str:
+    """llama.cpp at the same weight bits: q8_0 for 8-bit weights, bf16 otherwise (fp32 has no peer run)."""
+    return "llama-q8_0" if re.search(r"int8|q8|w8", weights) else "llama-bf16"
+
+
+def vllm_label(summaries: Summaries) -> str:
+    return next((label for label in summaries if label.startswith("vllm")), "vllm")
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours is not None and theirs else None
+
+
+def ratios(summaries: Summaries, ours: list[str], weights: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """For each of our servers: per-workload throughput ratios vs llama.cpp (same bits) and vs vLLM,
+    and the Poisson TTFT p95 ratios. A peer that did not run gives None."""
+    table = {}
+    for label in ours:
+        row: dict[str, Any] = {}
+        for peer in (llama_counterpart(weights[label]), vllm_label(summaries)):
+            theirs = summaries.get(peer, {})
+            for workload, summary in summaries[label].items():
+                other = theirs.get(workload, {})
+                row[f"{workload}/{peer}"] = _ratio(summary.get("out_tok_s"), other.get("out_tok_s"))
+                if workload == "poisson":
+                    ttft = _ratio(summary.get("ttft_p95_ms"), other.get("ttft_p95_ms"))
+                    row[f"poisson_ttft_p95/{peer}"] = ttft
+        table[label] = row
+    return table
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(
+    summaries: Summaries,
+    weights: dict[str, str],
+    ours: list[str],
+    titles: dict[str, str],
+    meta: dict[str, Any],
+) -> str:
+    workloads = list(titles)
+    lines = [
+        f"CPU: {meta['cpu_model']}, {meta['cores']} cores; flags: {', '.join(meta['cpu_flags']) or 'none'}; "
+        f"load average before {meta['load_before']}, after {meta['load_after']}.",
+        "",
+        "Output tokens/s (batch 1: median decode rate of the repetitions; others: all output tokens over the "
+        "wall time); Poisson: TTFT p95 ms / inter-token p95 ms / tok/s. Load at start: 1-minute load average "
+        "when that server's workloads began.",
+        "",
+        "| server | weights | load at start | " + " | ".join(titles[w] for w in workloads) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in workloads) + " |",
+    ]
+    for label, per_workload in summaries.items():
+        cells = []
+        for w in workloads:
+            s = per_workload.get(w)
+            if s is None:
+                cells.append("-")
+            elif w == "poisson":
+                cells.append(f"{_fmt(s['ttft_p95_ms'])} / {_fmt(s['itl_p95_ms'])} / {_fmt(s['out_tok_s'])}")
+            else:
+                cells.append(_fmt(s["out_tok_s"], 1) + ("" if s["exact_lengths"] else " (inexact)"))
+        load = meta.get("load_at_start", {}).get(label)
+        load_cell = "-" if load is None else f"{load[0]:.1f}"
+        lines.append(f"| {label} | {weights[label]} | {load_cell} | " + " | ".join(cells) + " |")
+    table = ratios(summaries, ours, weights)
+    lines += ["", "Ratios, this project / peer (throughput: > 1 is faster; Poisson TTFT p95: < 1 is better):"]
+    lines += [""]
+    lines += ["| ours | peer | " + " | ".join(workloads) + " | Poisson TTFT p95 |"]
+    lines += ["| --- | --- | " + " | ".join("---" for _ in workloads) + " | --- |"]
+    for label in ours:
+        for peer in (llama_counterpart(weights[label]), vllm_label(summaries)):
+            cells = [_fmt(table[label].get(f"{w}/{peer}"), 2) for w in workloads]
+            ttft = _fmt(table[label].get(f"poisson_ttft_p95/{peer}"), 2)
+            lines.append(f"| {label} | {peer} | " + " | ".join(cells) + f" | {ttft} |")
+    columns = (
+        "server",
+        "workload",
+        "requests",
+        "errors",
+        "exact",
+        "tok/s",
+        "TTFT p50",
+        "TTFT p95",
+        "ITL p50",
+        "ITL p95",
+    )
+    lines += ["", "Details (ms):", "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    for label, per_workload in summaries.items():
+        for w, s in per_workload.items():
+            exact = "yes" if s["exact_lengths"] else "no"
+            lines.append(
+                f"| {label} | {w} | {s['requests']} | {s['errors']} | {exact} | "
+                f"{_fmt(s['out_tok_s'], 1)} | {_fmt(s['ttft_p50_ms'])} | {_fmt(s['ttft_p95_ms'])} | "
+                f"{_fmt(s['itl_p50_ms'], 1)} | {_fmt(s['itl_p95_ms'], 1)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def cpu_info() -> dict[str, Any]:
+    """Model name and the SIMD flags that decide the kernels (avx2, avx512*, amx*, *vnni*)."""
+    fields = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = fields.get("flags", "").split()
+    model = fields.get("model name", "?")
+    wanted = sorted(f for f in set(flags) if f == "avx2" or f.startswith(("avx512", "amx")) or "vnni" in f)
+    return {"cpu_model": model, "cpu_flags": wanted, "cores": os.cpu_count()}

@@ -1,0 +1,82 @@
+"""Pure parts of benchmarks/bench_peers.py: the workloads are deterministic, the summaries and the
+ratio table compute right. No server runs here (the benchmark itself is run by hand)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from peers.report import llama_counterpart, markdown, ratios  # noqa: E402
+from peers.workloads import FIRST_ORDINARY_ID, RequestResult, Scale, make_workloads, summarise  # noqa: E402
+
+VOCAB = 49152
+
+
+def test_workloads_are_deterministic_within_vocab_and_bounded() -> None:
+    first, again = make_workloads(VOCAB, 0, Scale()), make_workloads(VOCAB, 0, Scale())
+    assert first == again
+    assert make_workloads(VOCAB, 1, Scale())["c8"] != first["c8"]
+    ids = [t for w in first.values() for r in w.requests for t in r.prompt_ids]
+    assert min(ids) >= FIRST_ORDINARY_ID and max(ids) < VOCAB
+    assert [len(first[n].requests) for n in ("b1", "c8", "c32", "mixed")] == [5, 8, 32, 64]
+    assert all(len(r.prompt_ids) == 128 and r.max_tokens == 128 for r in first["c32"].requests)
+    mixed = first["mixed"].requests
+    assert all(32 <= len(r.prompt_ids) <= 512 and 16 <= r.max_tokens <= 256 for r in mixed)
+    assert len({r.prompt_ids[:16] for r in mixed}) == len(mixed)  # no shared prefixes
+    poisson = first["poisson"].requests
+    times = [r.send_at_s for r in poisson]
+    assert times == sorted(times) and times[0] == 0.0 and times[-1] <= Scale().poisson_max_duration_s
+    assert 1 < len(poisson) <= Scale().poisson_max_requests
+    assert all(16 <= len(r.prompt_ids) <= 1024 and 8 <= r.max_tokens <= 384 for r in poisson)
+
+
+def test_summarise_ttft_gaps_and_rates() -> None:
+    # Sent at 1.0; first token at 1.5; then 2 tokens at 2.0 and 1 at 2.5: gaps 250, 250, 500 ms.
+    r = RequestResult(sent_s=1.0, max_tokens=4, chunks=[(1.5, 1), (2.0, 2), (2.5, 1)])
+    failed = RequestResult(sent_s=0.0, max_tokens=4, error="RuntimeError: boom")
+    s = summarise([r, failed], sequential=False)
+    assert s["errors"] == 1 and not s["exact_lengths"] and s["first_error"] == "RuntimeError: boom"
+    assert s["ttft_p50_ms"] == pytest.approx(500)
+    assert s["itl_p50_ms"] == pytest.approx(250)
+    assert s["out_tok_s"] == pytest.approx(4 / 2.5)  # wall from the first send (0.0) to the last token
+    sequential = summarise([r], sequential=True)
+    assert sequential["exact_lengths"] and sequential["out_tok_s"] == pytest.approx(3 / 1.0)
+
+
+def _summary(tok_s: float, ttft_p95: float = 100.0) -> dict:
+    return {"requests": 1, "errors": 0, "exact_lengths": True, "out_tok_s": tok_s, "ttft_p50_ms": 50.0,
+            "ttft_p95_ms": ttft_p95, "itl_p50_ms": 10.0, "itl_p95_ms": 20.0}  # fmt: skip
+
+
+def test_ratios_pair_same_weight_bits_and_vllm() -> None:
+    summaries = {
+        "tritonllm": {"b1": _summary(30.0), "poisson": _summary(10.0, ttft_p95=500.0)},
+        "tritonllm --quantization int8": {"b1": _summary(90.0)},
+        "llama-bf16": {"b1": _summary(60.0), "poisson": _summary(12.0, ttft_p95=1000.0)},
+        "llama-q8_0": {"b1": _summary(120.0)},
+        "vllm-bf16": {"b1": _summary(40.0)},
+    }
+    weights = {"tritonllm": "default dtype", "tritonllm --quantization int8": "int8", "llama-bf16": "bf16",
+               "llama-q8_0": "q8_0", "vllm-bf16": "bf16"}  # fmt: skip
+    assert llama_counterpart("int8_wo") == "llama-q8_0" and llama_counterpart("bfloat16") == "llama-bf16"
+    ours = ["tritonllm", "tritonllm --quantization int8"]
+    table = ratios(summaries, ours, weights)
+    assert table["tritonllm"]["b1/llama-bf16"] == pytest.approx(0.5)
+    assert table["tritonllm"]["b1/vllm-bf16"] == pytest.approx(0.75)
+    assert table["tritonllm"]["poisson_ttft_p95/llama-bf16"] == pytest.approx(0.5)
+    assert table["tritonllm"]["poisson/vllm-bf16"] is None  # vLLM did not run that workload
+    assert table["tritonllm --quantization int8"]["b1/llama-q8_0"] == pytest.approx(0.75)
+    meta = {
+        "cpu_model": "cpu",
+        "cores": 2,
+        "cpu_flags": ["avx2"],
+        "load_before": (1, 1, 1),
+        "load_after": (2, 2, 2),
+    }
+    text = markdown(summaries, weights, ours, {"b1": "1 request", "poisson": "Poisson"}, meta)
+    assert "| tritonllm --quantization int8 | llama-q8_0 | 0.75 | - | - |" in text
+    assert "flags: avx2" in text
