@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 from tritonllm_client.errors import (
@@ -31,6 +32,8 @@ from tritonllm_client.transport import grpc_tensor
 
 from tritonllm.openai.errors import APIError
 
+# The outputs a Piece is built from (tritonllm_client.results.piece_from_outputs).
+READ_OUTPUTS = ("text_output", "num_output_tokens", "output_log_probs", "cum_log_probs", "finish_reason")
 # Triton tensor -> the OpenAI parameter that sets it (for 400s raised by the server).
 TENSOR_TO_PARAM = {
     "text_input": "prompt",
@@ -90,7 +93,7 @@ class TritonBackend:
         self.connect_timeout_s = connect_timeout_s
         self.retry_after_s = retry_after_s
         self._client = grpcaio.InferenceServerClient(url)
-        self._inputs: frozenset[str] | None = None
+        self._names: tuple[frozenset[str], frozenset[str]] | None = None
 
     def _error(self, exc: Exception) -> APIError:
         if isinstance(exc, grpc.aio.AioRpcError):
@@ -103,31 +106,39 @@ class TritonBackend:
             return api_error(ServerUnavailableError(text or status), self.retry_after_s)
         return api_error(classify(text or str(exc), self.model), self.retry_after_s)
 
-    async def _declared_inputs(self) -> frozenset[str]:
-        """The model's input names (cached once read): which optional inputs this server takes."""
-        if self._inputs is None:
+    async def _metadata(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The model's input and output names (cached once read): what this server takes and sends."""
+        if self._names is None:
             try:
                 metadata = await self._client.get_model_metadata(
                     self.model, as_json=True, client_timeout=self.connect_timeout_s
                 )
             except (grpc.aio.AioRpcError, InferenceServerException) as exc:
                 raise self._error(exc) from None
-            self._inputs = frozenset(i["name"] for i in metadata.get("inputs", []))
-        return self._inputs
+            self._names = (
+                frozenset(i["name"] for i in metadata.get("inputs", [])),
+                frozenset(o["name"] for o in metadata.get("outputs", [])),
+            )
+        return self._names
 
     async def generate(self, inputs: dict[str, Any], priority: int, request_id: str) -> AsyncIterator[Piece]:
         """Stream one generation. Closing this iterator early cancels the request on the server."""
-        declared = await self._declared_inputs()
+        declared_inputs, declared_outputs = await self._metadata()
         inputs = dict(inputs)
-        if "priority" in declared:  # this project's models; NVIDIA's have no priority input
+        if "priority" in declared_inputs:  # this project's models; NVIDIA's have no priority input
             inputs["priority"] = priority
-        if "return_num_output_tokens" in declared:  # exact token counts per response
+        if "return_num_output_tokens" in declared_inputs:  # exact token counts per response
             inputs["return_num_output_tokens"] = True
         else:  # NVIDIA's older models: count the log-probabilities, one per token
             inputs["return_log_probs"] = True
+        wanted = (
+            set(READ_OUTPUTS) if inputs.get("return_log_probs") else set(READ_OUTPUTS) - {"output_log_probs"}
+        )
         request = {
             "model_name": self.model,
             "inputs": [grpc_tensor(name, value) for name, value in inputs.items()],
+            # Only the outputs read here: the rest (timings, KV counters) would cost a conversion each.
+            "outputs": [grpcclient.InferRequestedOutput(n) for n in sorted(wanted & declared_outputs)],
             "request_id": request_id,
         }
 
