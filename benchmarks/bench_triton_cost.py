@@ -115,7 +115,7 @@ def main() -> int:
         server.wait_ready(600)
         engine = ServingEngine(config)
         try:
-            warm = prompts(1, -1, args.prompt_tokens)  # first steps (kernels, allocations) on both
+            warm = prompts(1, 10**6, args.prompt_tokens)  # first steps (kernels, allocations) on both
             in_process(engine, warm, 4, "warm")
             through_triton(server.grpc_url, warm, 4)
             run = 0
