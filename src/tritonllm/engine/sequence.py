@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import enum
 import itertools
-import secrets
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from tritonllm.engine.guided import GuideMatcher
 from tritonllm.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tritonllm.engine.sampler import TokenCounts
 
 _arrival_counter = itertools.count()
 
@@ -64,8 +67,9 @@ class Sequence:
         # Tokens that end the request; masked while fewer than min_tokens were generated.
         self.end_ids = end_ids
         self.blocked_ids = end_ids | {stop[0] for stop in params.stop_token_ids if len(stop) == 1}
-        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
-        self.generator: torch.Generator | None = None  # made by the sampler on the logits' device
+        # Made by the sampler on the logits' device: a generator for a seeded request, penalty counts.
+        self.generator: torch.Generator | None = None
+        self.token_counts: TokenCounts | None = None
         self.guide = guide
 
     def __len__(self) -> int:
