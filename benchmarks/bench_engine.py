@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from tritonllm.default_model import default_model_path
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
-from tritonllm.model.llama import AttentionMetadata, PrefillSpan
+from tritonllm.engine.evaluate import perplexity
 
 BENCH_NAME = "bench_engine"
 
@@ -440,11 +440,13 @@ def run_hf(model, requests: list[Request], batch_size: int, pad_id: int) -> tupl
 # --------------------------------------------------------------------------------------------- engine
 
 
-def build_engine(model: Path, quantization: str, threads: int, kv_bytes: int) -> LLMEngine:
+def build_engine(model: Path, variant: str, threads: int, kv_bytes: int) -> LLMEngine:
+    """`variant`: a quantization, or `dtype:quantization` (float32 when no dtype is given)."""
+    dtype, _, quantization = variant.rpartition(":")
     return LLMEngine(
         EngineConfig(
             model=str(model),
-            dtype="float32",
+            dtype=dtype or "float32",
             quantization=quantization,
             num_threads=threads,
             max_num_seqs=64,
@@ -589,25 +591,7 @@ def batch1_decode(
     return len(decode) / sum(decode), decode
 
 
-def prefill_logits(model: torch.nn.Module, ids: list[int], dtype: torch.dtype, tokens_per_block: int = 16):
-    """Logits [T, vocab] for every position of `ids`, as one prefill into a private scratch KV cache."""
-    a = model.args
-    n = len(ids)
-    num_blocks = -(-n // tokens_per_block)
-    kv = torch.zeros(a.num_layers, 2, a.num_kv_heads, num_blocks, tokens_per_block, a.head_dim, dtype=dtype)
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n),
-        num_decodes=0,
-        decode_block_tables=torch.empty(0, 1, dtype=torch.long),
-        decode_context_lens=torch.empty(0, dtype=torch.long),
-        prefills=[PrefillSpan(0, n, n, torch.arange(num_blocks))],
-    )
-    return model(
-        torch.tensor(ids), torch.arange(n), meta, [(layer[0], layer[1]) for layer in kv], torch.arange(n)
-    )
-
-
-def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+def logits_perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     return math.exp(F.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:])).item())
 
 
@@ -729,7 +713,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="16 short requests, fewer repeats: a sanity run")
     p.add_argument("--skip-hf", action="store_true", help="skip the HF transformers baseline")
-    p.add_argument("--quantizations", default="none,int8_wo,fp8", help="comma-separated; 'none' always runs")
+    p.add_argument(
+        "--quantizations",
+        default="none,int8,bfloat16:none,bfloat16:int8,int8_wo,fp8",
+        help="comma-separated engines: a quantization, or dtype:quantization (default dtype float32); "
+        "'none' (float32) always runs: it is the accuracy reference",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=int, default=2)
@@ -829,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         with torch.inference_mode():
             logits = hf_model(torch.tensor([ppl_ids])).logits[0]
-        hf_ppl = perplexity(logits, ppl_ids)
+        hf_ppl = logits_perplexity(logits, ppl_ids)
         del hf_model, logits
         gc.collect()
 
@@ -911,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = []
     for q, eng in engines.items():
         before, overall = token_agreement(generated["none"], generated[q])
-        ppl = perplexity(prefill_logits(eng.runner.model, ppl_ids, eng.runner.dtype), ppl_ids)
+        ppl = perplexity(eng.runner, ppl_ids, window=len(ppl_ids))
         accuracy.append(
             AccuracyResult(q, accuracy_prompts, accuracy_tokens, before, overall, ppl, len(ppl_ids))
         )

@@ -27,23 +27,31 @@ def random_prompts(n: int, vocab: int, seed: int, min_len: int = 1, max_len: int
 
 
 @lru_cache(maxsize=8)
-def _hf_model(path: str) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+def _hf_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
 def hf_greedy(
-    path: Path, prompt: list[int], max_new_tokens: int, bad_words_ids: list[list[int]] | None = None
+    path: Path,
+    prompt: list[int],
+    max_new_tokens: int,
+    bad_words_ids: list[list[int]] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> list[int]:
     """HF transformers greedy `generate()` for one prompt, EOS ignored (memoised across tests)."""
     bad = tuple(tuple(w) for w in bad_words_ids) if bad_words_ids else None
-    return list(_hf_greedy(str(path), tuple(prompt), max_new_tokens, bad))
+    return list(_hf_greedy(str(path), tuple(prompt), max_new_tokens, bad, dtype))
 
 
 @lru_cache(maxsize=1024)
 def _hf_greedy(
-    path: str, prompt: tuple[int, ...], max_new_tokens: int, bad_words_ids: tuple[tuple[int, ...], ...] | None
+    path: str,
+    prompt: tuple[int, ...],
+    max_new_tokens: int,
+    bad_words_ids: tuple[tuple[int, ...], ...] | None,
+    dtype: torch.dtype,
 ) -> tuple[int, ...]:
-    model = _hf_model(path)
+    model = _hf_model(path, dtype)
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt]),
@@ -82,3 +90,12 @@ def run_staggered(
         step += 1
         assert step < 10_000, "engine made no progress"
     return [outputs[str(i)] for i in range(len(prompts))]
+
+
+def agreement_before_divergence(got: list[list[int]], expected: list[list[int]]) -> float:
+    """Mean fraction of tokens generated before the first one that differs from the reference."""
+    fractions = []
+    for g, e in zip(got, expected, strict=True):
+        same = next((i for i, (a, b) in enumerate(zip(g, e, strict=False)) if a != b), min(len(g), len(e)))
+        fractions.append(same / len(e))
+    return sum(fractions) / len(fractions)

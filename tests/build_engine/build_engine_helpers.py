@@ -21,12 +21,3 @@ def build_without_source(src: Path, root: Path, quantizations: list[str], **opti
     }
     shutil.rmtree(copy)
     return engines
-
-
-def agreement_before_divergence(got: list[list[int]], expected: list[list[int]]) -> float:
-    """Mean fraction of tokens generated before the first one that differs from the reference."""
-    fractions = []
-    for g, e in zip(got, expected, strict=True):
-        same = next((i for i, (a, b) in enumerate(zip(g, e, strict=False)) if a != b), min(len(g), len(e)))
-        fractions.append(same / len(e))
-    return sum(fractions) / len(fractions)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from build_engine_helpers import agreement_before_divergence, build_without_source
-from engine_helpers import greedy, hf_greedy, make_engine, random_prompts
+from build_engine_helpers import build_without_source
+from engine_helpers import agreement_before_divergence, greedy, hf_greedy, make_engine, random_prompts
 from safetensors import safe_open
 
 from tritonllm.build.checkpoint import checkpoint_sha256
@@ -22,11 +22,11 @@ from tritonllm.engine import EngineConfig
 from tritonllm.model.args import UnsupportedModelError
 from tritonllm.triton.models import engine_config
 
-QUANTIZATIONS = ["none", "int8_wo", "fp8"]
+QUANTIZATIONS = ["none", "int8", "int8_wo", "fp8"]
 NUM_PROMPTS, MAX_NEW = 12, 16
 # Mean fraction of greedy tokens before the first divergence from unquantized HF, on the tiny random
 # Llama (measured 0.70 int8_wo and 0.46 fp8 with these prompts; random weights make near-ties common).
-MIN_AGREEMENT = {"int8_wo": 0.5, "fp8": 0.3}
+MIN_AGREEMENT = {"int8_wo": 0.5, "fp8": 0.3, "int8": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,16 @@ def test_linears_are_stored_quantized_with_scales(engines: dict[str, Path], quan
     assert sizes[quantization] < sizes["none"]
 
 
+def test_int8_stores_blocks_of_32_and_a_bf16_head(engines: dict[str, Path]) -> None:
+    with safe_open(str(engines["int8"] / WEIGHTS_FILE), framework="pt") as f:
+        q = f.get_tensor("model.layers.0.mlp.down_proj.weight")
+        scale = f.get_tensor("model.layers.0.mlp.down_proj.weight_scale")
+        assert q.dtype == torch.int8 and q.shape[1] % 32 == 0
+        assert scale.shape == (q.shape[0], q.shape[1] // 32)
+        assert f.get_tensor("lm_head.weight").dtype == torch.bfloat16
+        assert "lm_head.weight_scale" not in set(f.keys())
+
+
 def test_unquantized_engine_matches_hf_token_for_token(
     engines: dict[str, Path], tiny_llama_dir: Path, prompts: list[list[int]]
 ) -> None:
@@ -81,7 +91,7 @@ def test_unquantized_engine_matches_hf_token_for_token(
     assert got == [hf_greedy(tiny_llama_dir, p, MAX_NEW) for p in prompts]
 
 
-@pytest.mark.parametrize("quantization", ["int8_wo", "fp8"])
+@pytest.mark.parametrize("quantization", ["int8", "int8_wo", "fp8"])
 def test_quantized_engine_equals_quantizing_at_load(
     engines: dict[str, Path], tiny_llama_dir: Path, prompts: list[list[int]], quantization: str
 ) -> None:

@@ -52,6 +52,9 @@ class EngineStats:
     prompt_tokens: int
     generated_tokens: int
     finished: dict[str, int] = field(default_factory=dict)
+    dtype: str = ""  # what the engine runs with ("auto" resolved), for logs and /metrics readers
+    quantization: str = ""
+    kernels: str = ""  # e.g. "cpu-avx2 (avx avx2 f16c fma)", or "pytorch"
 
     @property
     def kv_usage(self) -> float:
@@ -233,6 +236,9 @@ class LLMEngine:
             prompt_tokens=self._prompt_tokens,
             generated_tokens=self._generated_tokens,
             finished=dict(self._finished),
+            dtype=self.config.dtype,
+            quantization=self.config.quantization,
+            kernels=self.runner.kernels,
         )
 
     def generate(

@@ -1,0 +1,46 @@
+"""Teacher-forced log-likelihood under the engine's own model code: the perplexity that accuracy checks
+of dtypes and quantizations compare (tests, benchmarks/bench_precision.py).
+
+The model runs over a scratch KV cache of its own, so a runner that serves requests is left untouched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tritonllm.engine.model_runner import ModelRunner
+from tritonllm.model.llama import AttentionMetadata, PrefillSpan
+
+
+def token_logprobs(runner: ModelRunner, token_ids: list[int]) -> torch.Tensor:
+    """log p(token i | tokens before it) for i >= 1, from one causal prefill over the whole sequence."""
+    n, device, a = len(token_ids), runner.device, runner.args
+    blocks = -(-n // runner.tokens_per_block)
+    shape = (a.num_layers, 2, a.num_kv_heads, blocks, runner.tokens_per_block, a.head_dim)
+    scratch = torch.zeros(shape, dtype=runner.dtype, device=device)
+    long = {"dtype": torch.long, "device": device}
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(n, **long),
+        num_decodes=0,
+        decode_block_tables=torch.zeros(0, 1, **long),
+        decode_context_lens=torch.zeros(0, **long),
+        prefills=[PrefillSpan(0, n, n, torch.arange(blocks, **long))],
+    )
+    ids = torch.tensor(token_ids, **long)
+    caches = [(layer[0], layer[1]) for layer in scratch]
+    logits = runner.model(ids, torch.arange(n, **long), meta, caches, torch.arange(n - 1, **long))
+    return torch.log_softmax(logits, dim=-1).gather(1, ids[1:, None])[:, 0]
+
+
+def perplexity(runner: ModelRunner, token_ids: list[int], window: int = 512) -> float:
+    """exp(mean negative log-likelihood), scoring `token_ids` in independent windows of `window` tokens."""
+    total, count = 0.0, 0
+    for start in range(0, len(token_ids) - 1, window):
+        chunk = token_ids[start : start + window]
+        if len(chunk) > 1:
+            logprobs = token_logprobs(runner, chunk)
+            total -= float(logprobs.sum())
+            count += len(logprobs)
+    return math.exp(total / count)
