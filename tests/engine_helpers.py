@@ -26,6 +26,15 @@ def random_prompts(n: int, vocab: int, seed: int, min_len: int = 1, max_len: int
     return prompts
 
 
+# Short English and code prompts for greedy comparisons on the default model (SmolLM2).
+SMOLLM2_TEXTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Water boils at a temperature of",
+    "My favourite food is",
+]
+
+
 @lru_cache(maxsize=8)
 def _hf_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()

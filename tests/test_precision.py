@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import agreement_before_divergence, greedy, hf_greedy, make_engine
+from engine_helpers import SMOLLM2_TEXTS, agreement_before_divergence, greedy, hf_greedy, make_engine
 from transformers import AutoTokenizer
 
 from tritonllm.engine import EngineConfig
@@ -20,14 +20,7 @@ from tritonllm.model.cpu_kernels import load_kernels
 
 pytestmark = pytest.mark.slow
 
-TEXTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Water boils at a temperature of",
-    "My favourite food is",
-    "The three primary colours are",
-    "import numpy as np\n",
-]
+TEXTS = [*SMOLLM2_TEXTS, "The three primary colours are", "import numpy as np\n"]
 MAX_NEW = 16
 EVAL_TOKENS = 384  # of real English text: the docstring of Python's json module
 # Perplexity / fp32 perplexity, measured on this text: bf16 1.0046, int8 1.0068, int8 with bf16

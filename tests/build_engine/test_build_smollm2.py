@@ -6,19 +6,13 @@ from pathlib import Path
 
 import pytest
 from build_engine_helpers import build_without_source
-from engine_helpers import agreement_before_divergence, greedy, hf_greedy, make_engine
+from engine_helpers import SMOLLM2_TEXTS, agreement_before_divergence, greedy, hf_greedy, make_engine
 from transformers import AutoTokenizer
 
 from tritonllm.build.torch_engine import WEIGHTS_FILE
 
 pytestmark = pytest.mark.slow
 
-TEXTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Water boils at a temperature of",
-    "My favourite food is",
-]
 MAX_NEW = 16
 # Mean fraction of greedy tokens before the first divergence from HF fp32 with these prompts
 # (measured: int8_wo 1.00, fp8 0.36); fp8 per-channel e4m3 is the coarser of the two (benchmarks/README.md).
@@ -34,7 +28,7 @@ def engines(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 @pytest.fixture(scope="module")
 def references(smollm2_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    prompts = [tokenizer(t)["input_ids"] for t in TEXTS]
+    prompts = [tokenizer(t)["input_ids"] for t in SMOLLM2_TEXTS]
     return prompts, [hf_greedy(smollm2_dir, p, MAX_NEW) for p in prompts]
 
 
