@@ -97,6 +97,8 @@ class Scheduler:
         out_of_blocks = len(out.preempted) > preempted_for_priority
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out_of_blocks:
             seq = self._waiting[0][1]
+            if any(seq is v for v in out.preempted):
+                break  # preempted this step to make room: not back before the next one
             hit = self.kv.find_prefix_hit(seq) if seq.num_computed_tokens == 0 else PrefixHit()
             num_tokens = min(len(seq) - hit.num_tokens, budget)
             copies = self.kv.allocate(seq, num_tokens, hit)
