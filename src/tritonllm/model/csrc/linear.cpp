@@ -299,10 +299,11 @@ void run_wide(int64_t n_rows, int64_t m_tokens, int64_t k, const float* x, const
     float acc[kWideRows * kWideTokens];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kWideRows, rows = std::min(kWideRows, n_rows - n0);
+      if (rows < kWideRows) std::fill(rows_fp32.begin(), rows_fp32.end(), 0.f);  // full tiles: zero rows
       expand(n0, rows, rows_fp32.data());
       for (int64_t m0 = 0; m0 < m_tokens; m0 += kWideTokens) {
         const int64_t tokens = std::min(kWideTokens, m_tokens - m0);
-        fp32_tile(rows_fp32.data(), rows, x + m0 * k, tokens, k, acc);
+        fp32_tile(rows_fp32.data(), kWideRows, x + m0 * k, kWideTokens, k, acc);  // x is padded
         for (int64_t m = 0; m < tokens; ++m)
           for (int64_t n = 0; n < rows; ++n)
             out[(m0 + m) * n_rows + n0 + n] = static_cast<Out>(acc[m * kWideRows + n] + (bias ? bias[n0 + n] : 0.f));
@@ -311,8 +312,13 @@ void run_wide(int64_t n_rows, int64_t m_tokens, int64_t k, const float* x, const
   });
 }
 
-// Activations as fp32 (a copy for bf16 ones).
-at::Tensor fp32_activations(const at::Tensor& x) { return x.scalar_type() == at::kFloat ? x : x.to(at::kFloat); }
+// Activations as fp32 rows, zero-padded to whole tiles of kWideTokens so every tile takes the vector path.
+at::Tensor fp32_activations(const at::Tensor& x, int64_t m, int64_t k) {
+  const int64_t padded = (m + kWideTokens - 1) / kWideTokens * kWideTokens;
+  at::Tensor out = at::zeros({padded, k}, x.options().dtype(at::kFloat));
+  out.narrow(0, 0, m).copy_(x.reshape({m, k}));
+  return out;
+}
 
 void check_activations(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.is_contiguous() && x.dim() >= 1, "activations must be contiguous");
@@ -327,7 +333,7 @@ void check_bias(const c10::optional<at::Tensor>& bias, int64_t n) {
 template <typename ExpandFn>
 at::Tensor wide_linear(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias, ExpandFn expand) {
   const int64_t k = x.size(-1), m = x.numel() / k;
-  const at::Tensor x32 = fp32_activations(x);
+  const at::Tensor x32 = fp32_activations(x, m, k);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
