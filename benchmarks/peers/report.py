@@ -46,6 +46,10 @@ def ratios(summaries: Summaries, ours: list[str], weights: dict[str, str]) -> di
     return table
 
 
+def _loads(loads: list[float]) -> str:
+    return " / ".join(f"{x:.1f}" for x in loads)
+
+
 def _fmt(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -60,7 +64,8 @@ def markdown(
     workloads = list(titles)
     lines = [
         f"CPU: {meta['cpu_model']}, {meta['cores']} cores; flags: {', '.join(meta['cpu_flags']) or 'none'}; "
-        f"load average before {meta['load_before']}, after {meta['load_after']}.",
+        f"load average (1/5/15 min) before {_loads(meta['load_before'])},"
+        f" after {_loads(meta['load_after'])}.",
         "",
         "Output tokens/s (batch 1: median decode rate of the repetitions; others: all output tokens over the "
         "wall time); Poisson: TTFT p95 ms / inter-token p95 ms / tok/s. Load at start: 1-minute load average "

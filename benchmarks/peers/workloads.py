@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -152,6 +152,9 @@ def run_workload(workload: Workload, stream: StreamFn) -> list[RequestResult]:
             if delay > 0:
                 time.sleep(delay)  # the open-loop schedule itself, not a synchronisation
             futures.append(pool.submit(one, spec))
+        pending = set(futures)
+        while pending:  # short waits, so Ctrl-C / SIGTERM are handled between them
+            _, pending = wait(pending, timeout=1.0)
         return [future.result() for future in futures]  # each stream bounds its own waits
     finally:
         # On Ctrl-C, return at once: stopping the server then ends the streams still open.
