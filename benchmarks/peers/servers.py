@@ -128,7 +128,7 @@ def tritonllm(
     import tritonclient.grpc as grpcclient
 
     http, grpc_port, metrics = free_port(), free_port(), free_port()
-    launcher = [str(REPO / ".venv/bin/python"), str(Path(__file__).with_name("launch_tritonllm.py"))]
+    launcher = [str(REPO / ".venv/bin/tritonllm"), "launch"]
     options = f"--ready-timeout {ready_timeout_s} --http-port {http} --grpc-port {grpc_port} "
     options += f"--metrics-port {metrics} --threads {threads} {engine_args}"
     ready_url = f"http://127.0.0.1:{http}/v2/models/tensorrt_llm/ready"

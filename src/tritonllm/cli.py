@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "launch":
-        return launch(options_from_args(args))
+        return launch(options_from_args(args), ready_timeout_s=args.ready_timeout)
     if args.command == "openai":
         return openai_server.run(openai_server.config_from_args(args))
 

@@ -8,6 +8,8 @@ use it for the portable path); `TRITONLLM_DISABLE_KERNELS=1` or a missing compil
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -15,6 +17,8 @@ import platform
 import shutil
 import sys
 import sysconfig
+import time
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -61,6 +65,34 @@ def selected_isa() -> str:
     return supported_isas()[0]
 
 
+BUILD_WAIT_S = 900.0  # another process's build of the same variant: a few minutes on a busy 2-core machine
+
+
+@contextlib.contextmanager
+def exclusive_build(name: str, wait_s: float = BUILD_WAIT_S) -> Iterator[None]:
+    """One build of `name` at a time across processes, under an OS lock that dies with its holder.
+
+    torch's own lock is a plain file: a build killed midway (a server stopped during its first start)
+    leaves it behind, and every later load waits on it forever. Holding this lock proves no live process
+    is building, so a torch lock found then is stale and removed.
+    """
+    from torch.utils.cpp_extension import _get_build_directory
+
+    build_dir = Path(_get_build_directory(name, verbose=False))
+    with open(build_dir / "tritonllm.lock", "w") as handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process has built {name} for {wait_s:.0f}s") from None
+                time.sleep(0.5)
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
+
+
 @cache
 def load_kernels(isa: str | None = None) -> ModuleType | None:
     """The compiled extension for `isa` (default: the best this CPU runs), or None when it can't be built."""
@@ -78,13 +110,15 @@ def load_kernels(isa: str | None = None) -> ModuleType | None:
         # The name carries the sources' hash: torch only watches the listed file for changes.
         interpreter = hashlib.sha1(sys.executable.encode()).hexdigest()[:8]
         sources = hashlib.sha1(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()[:8]
-        module = load(
-            name=f"tritonllm_cpu_{isa}_{interpreter}_{sources}",
-            sources=[str(SOURCES[0])],
-            extra_cflags=["-O3", "-fopenmp", "-ffast-math", *ISA_FLAGS[isa]],  # fast-math: vector expf
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        name = f"tritonllm_cpu_{isa}_{interpreter}_{sources}"
+        with exclusive_build(name):
+            module = load(
+                name=name,
+                sources=[str(SOURCES[0])],
+                extra_cflags=["-O3", "-fopenmp", "-ffast-math", *ISA_FLAGS[isa]],  # fast-math: vector expf
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
     except Exception as exc:  # noqa: BLE001 -- any build failure means: use the PyTorch path
         log.warning("CPU kernels unavailable (%s); using the PyTorch path", exc)
         return None

@@ -357,6 +357,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
     parser.add_argument("--repository", help="render the model repository here (default: a temporary folder)")
     parser.add_argument("--address", default="127.0.0.1", help="listen address (default: loopback only)")
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=300.0,
+        help="seconds Triton may take to load the models (a first start builds the CPU kernels; default 300)",
+    )
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
