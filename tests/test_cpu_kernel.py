@@ -53,3 +53,16 @@ def test_pytorch_fallback_matches_hf(tiny_llama_dir: Path, monkeypatch: pytest.M
     engine = make_engine(tiny_llama_dir, max_num_batched_tokens=8)
     got = run_staggered(engine, prompts, [greedy(10)] * 8, [0, 0, 1, 1, 2, 3, 5, 8])
     assert got == [hf_greedy(tiny_llama_dir, p, 10) for p in prompts]
+
+
+def test_stale_build_lock_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build killed midway leaves torch's lock file; the next build must not wait on it forever."""
+    from tritonllm.model import cpu_kernels
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    from torch.utils.cpp_extension import _get_build_directory
+
+    stale = Path(_get_build_directory("tritonllm_stale_test", verbose=False)) / "lock"
+    stale.write_text("")
+    with cpu_kernels.exclusive_build("tritonllm_stale_test", wait_s=5):
+        assert not stale.exists()
