@@ -178,33 +178,23 @@ inline void dispatch_tile(int64_t rows, int64_t tokens, Fn&& fn) {
   return fn(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
 }
 
-template <typename T>
-at::Tensor int8_linear_impl(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ws, const c10::optional<at::Tensor>& bias) {
-  const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0), kp = w.size(1), nb = kp / kBlock;
-  at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
-  const T* xp = x.data_ptr<T>();
-  quantize_rows(xp, m, k, kp, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+// The few-token driver both weight formats share: `tile(rn, rm, row, token, acc)` computes rn weight rows
+// from `row` x rm tokens from `token` (rn, rm compile-time); edge rows go one at a time.
+template <typename T, typename TileFn>
+at::Tensor run_small(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias, TileFn tile) {
+  const int64_t k = x.size(-1), m = x.numel() / k;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const float* wsp = ws.data_ptr<float>();
-  const int8_t* xqp = xq.data_ptr<int8_t>();
-  const float* xsp = xs.data_ptr<float>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   run_tiles<kRows, kTokens>(n, m, bp, out.data_ptr<T>(), [&](int64_t n0, int64_t rows, int64_t m0, int64_t tokens, float* acc) {
     if (rows == kRows) {
-      dispatch_tile(rows, tokens, [&](auto rn, auto rm) {
-        int8_tile<decltype(rn)::value, decltype(rm)::value>(wp + n0 * kp, wsp + n0 * nb, xqp + m0 * kp, xsp + m0 * nb, nb, acc);
-      });
+      dispatch_tile(rows, tokens, [&](auto rn, auto rm) { tile(rn, rm, n0, m0, acc); });
       return;
     }
-    for (int64_t r = 0; r < rows; ++r) {  // edge rows: one at a time, scattered into the RN-strided layout
+    for (int64_t r = 0; r < rows; ++r) {  // scattered into the kRows-strided layout
       float one[kTokens];
-      dispatch_tile(1, tokens, [&](auto rn, auto rm) {
-        int8_tile<decltype(rn)::value, decltype(rm)::value>(wp + (n0 + r) * kp, wsp + (n0 + r) * nb, xqp + m0 * kp, xsp + m0 * nb, nb, one);
-      });
+      dispatch_tile(1, tokens, [&](auto rn, auto rm) { tile(rn, rm, n0 + r, m0, one); });
       for (int64_t t = 0; t < tokens; ++t) acc[t * kRows + r] = one[t];
     }
   });
@@ -212,30 +202,28 @@ at::Tensor int8_linear_impl(const at::Tensor& x, const at::Tensor& w, const at::
 }
 
 template <typename T>
+at::Tensor int8_linear_impl(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ws, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = x.size(-1), m = x.numel() / k, kp = w.size(1), nb = kp / kBlock;
+  at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* wsp = ws.data_ptr<float>();
+  const int8_t* xqp = xq.data_ptr<int8_t>();
+  const float* xsp = xs.data_ptr<float>();
+  return run_small<T>(x, w.size(0), bias, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
+    int8_tile<decltype(rn)::value, decltype(rm)::value>(wp + row * kp, wsp + row * nb, xqp + token * kp, xsp + token * nb, nb, acc);
+  });
+}
+
+template <typename T>
 at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
-  const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor out = at::empty(shape, x.options());
+  const int64_t k = x.size(-1);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const T* xp = x.data_ptr<T>();
-  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-  run_tiles<kRows, kTokens>(n, m, bp, out.data_ptr<T>(), [&](int64_t n0, int64_t rows, int64_t m0, int64_t tokens, float* acc) {
-    if (rows == kRows) {
-      dispatch_tile(rows, tokens, [&](auto rn, auto rm) {
-        bf16_tile<decltype(rn)::value, decltype(rm)::value, T>(wp + n0 * k, xp + m0 * k, k, acc);
-      });
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float one[kTokens];
-      dispatch_tile(1, tokens, [&](auto rn, auto rm) {
-        bf16_tile<decltype(rn)::value, decltype(rm)::value, T>(wp + (n0 + r) * k, xp + m0 * k, k, one);
-      });
-      for (int64_t t = 0; t < tokens; ++t) acc[t * kRows + r] = one[t];
-    }
+  return run_small<T>(x, w.size(0), bias, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
+    bf16_tile<decltype(rn)::value, decltype(rm)::value, T>(wp + row * k, xp + token * k, k, acc);
   });
-  return out;
 }
 
 // Larger batches (prefill, many decodes) are compute-bound: maddubs needs ~7 instructions per 32 int8 products
