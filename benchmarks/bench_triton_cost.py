@@ -31,7 +31,9 @@ from bench_serving_paths import free_ports, tensor  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
+from tritonllm.engine.config import QUANTIZATIONS  # noqa: E402
 from tritonllm.engine.serving import ServingEngine  # noqa: E402
+from tritonllm.model.cpu_kernels import cpu_flags  # noqa: E402
 from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
 
 TIMEOUT_S = 600.0
@@ -101,15 +103,25 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     model = model_path_or_default(args.model)
     batches = [int(b) for b in args.batches.split(",")]
     http, grpc, metrics = free_ports(3)
     options = LaunchOptions(
-        model=model, http_port=http, grpc_port=grpc, metrics_port=metrics, num_threads=args.threads
+        model=model,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        num_threads=args.threads,
+        dtype=args.dtype,
+        quantization=args.quantization,
     )
-    config = EngineConfig(model=model, num_threads=args.threads)
+    config = EngineConfig(
+        model=model, num_threads=args.threads, dtype=args.dtype, quantization=args.quantization
+    )
     results: dict[int, dict[str, list[float]]] = {b: {"in_process": [], "triton": []} for b in batches}
     with TritonServer(options) as server:
         server.wait_ready(600)
@@ -135,6 +147,9 @@ def main() -> int:
             engine.shutdown()
     summary = {
         "cpu": platform.processor() or platform.machine(),
+        "cpu_flags": cpu_flags(),
+        "dtype": args.dtype,
+        "quantization": args.quantization,
         "load_average": os.getloadavg(),
         "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import greedy, hf_greedy, make_engine, random_prompts
 
-from tritonllm.engine import EngineBusyError, EngineDeadError, FinishReason, InvalidRequestError
+from tritonllm.engine import EngineBusyError, EngineConfig, EngineDeadError, FinishReason, InvalidRequestError
 from tritonllm.engine.serving import ServingEngine
 
 WAIT_S = 60.0
@@ -130,3 +130,33 @@ def test_failed_step_fails_its_requests_only(serving: ServingEngine, monkeypatch
         serving.submit("after", list(range(30, 45)), greedy(4)).result(WAIT_S).finish_reason
         is FinishReason.LENGTH
     )
+
+
+def test_engine_from_config_is_built_on_the_loop_thread(tiny_llama_dir: Path, monkeypatch) -> None:
+    """Only the loop thread may run OpenMP regions: a second team stops libgomp spinning (2x slower)."""
+    import tritonllm.engine.serving as serving_module
+
+    built_on: list[str] = []
+
+    class RecordingEngine(serving_module.LLMEngine):
+        def __init__(self, config: EngineConfig) -> None:
+            built_on.append(threading.current_thread().name)
+            super().__init__(config)
+
+    monkeypatch.setattr(serving_module, "LLMEngine", RecordingEngine)
+    engine = ServingEngine(
+        EngineConfig(model=str(tiny_llama_dir), tokens_per_block=4, num_kv_blocks=64, num_threads=1)
+    )
+    try:
+        assert engine.submit("a", [1, 2, 3], greedy(4)).result(WAIT_S).token_ids == hf_greedy(
+            tiny_llama_dir, [1, 2, 3], 4
+        )
+    finally:
+        engine.shutdown()
+    assert built_on == ["tritonllm-engine"]
+
+
+def test_engine_build_error_is_raised_by_the_constructor(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="config.json|No such file|not found|does not exist"):
+        ServingEngine(EngineConfig(model=str(tmp_path / "missing")))
+    assert not any(t.name == "tritonllm-engine" and t.is_alive() for t in threading.enumerate())
