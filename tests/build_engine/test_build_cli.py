@@ -14,8 +14,8 @@ import pytest
 from tritonllm.build import builder, options
 from tritonllm.build.builder import build
 from tritonllm.build.cli import main
-from tritonllm.build.engine_dir import read_build_info
 from tritonllm.build.options import BuildError, BuildOptions
+from tritonllm.engine_format import read_build_info
 from tritonllm.triton.launcher import MARKER, MODELS, LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ from engine_helpers import agreement_before_divergence, greedy, hf_greedy, make_
 from safetensors import safe_open
 
 from tritonllm.build.checkpoint import checkpoint_sha256
-from tritonllm.build.engine_dir import read_build_info
 from tritonllm.build.torch_engine import WEIGHTS_FILE
 from tritonllm.engine import EngineConfig
+from tritonllm.engine_format import read_build_info
 from tritonllm.model.args import UnsupportedModelError
 from tritonllm.triton.models import engine_config
 

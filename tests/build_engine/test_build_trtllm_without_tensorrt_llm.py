@@ -22,12 +22,12 @@ import pytest
 
 from tritonllm.build import options, trtllm_build
 from tritonllm.build.builder import build
-from tritonllm.build.engine_dir import engine_backend, engine_defaults, read_build_info
 from tritonllm.build.options import BuildOptions, Limits
 from tritonllm.build.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
 from tritonllm.engine.errors import InvalidRequestError
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
+from tritonllm.engine_format import engine_backend, engine_defaults, read_build_info
 from tritonllm.triton.models import engine_config
 
 WAIT_S = 10.0

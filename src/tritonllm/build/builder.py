@@ -16,8 +16,8 @@ from typing import Any
 from tritonllm.build import options as build_options
 from tritonllm.build import torch_engine
 from tritonllm.build.checkpoint import TOKENIZER_FILES, checkpoint_sha256, validate_checkpoint
-from tritonllm.build.engine_dir import BUILD_KEY, FORMAT_VERSION, read_build_info
 from tritonllm.build.options import BuildError, BuildOptions, Limits
+from tritonllm.engine_format import BUILD_KEY, FORMAT_VERSION, read_build_info
 
 COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tritonllm.build.engine_dir import BACKENDS, EngineDirError
 from tritonllm.build.options import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, BuildError, BuildOptions
+from tritonllm.engine_format import BACKENDS, EngineDirError
 from tritonllm.model.args import UnsupportedModelError
 
 DESCRIPTION = """\

@@ -7,7 +7,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tritonllm.build.engine_dir import BACKENDS
+from tritonllm.engine_format import BACKENDS
 
 QUANTIZATIONS = ("none", "fp8", "int8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
 TORCH_QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")  # what the project's engine runs

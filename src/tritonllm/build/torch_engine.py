@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from tritonllm.build.engine_dir import SCALE_SUFFIX
+from tritonllm.engine_format import SCALE_SUFFIX
 from tritonllm.model.loader import DTYPES
 from tritonllm.model.quant import BF16_HEAD, QUANTIZERS
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tritonllm.build.engine_dir import read_build_info
 from tritonllm.engine.errors import EngineBusyError, EngineDeadError, EngineError, InvalidRequestError
 from tritonllm.engine.llm_engine import EngineStats, RequestOutput
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
 from tritonllm.engine.serving import RequestStream
+from tritonllm.engine_format import read_build_info
 
 log = logging.getLogger(__name__)
 

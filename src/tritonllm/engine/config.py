@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tritonllm.build.engine_dir import built_quantization
+from tritonllm.engine_format import built_quantization
 
 QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")
 DTYPES = ("auto", "float32", "float16", "bfloat16")

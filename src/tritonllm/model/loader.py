@@ -14,7 +14,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from tritonllm.build.engine_dir import SCALE_SUFFIX, built_quantization
+from tritonllm.engine_format import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.llama import DecoderLayer, LlamaModel
 from tritonllm.model.quant import make_linear, make_lm_head, prequantized_linear

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from tritonllm.build.engine_dir import engine_backend, engine_defaults
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.serving import ServingEngine
+from tritonllm.engine_format import engine_backend, engine_defaults
 from tritonllm.triton import tensors
 from tritonllm.triton.bridge import EngineBridge, Outputs
 from tritonllm.triton.launcher import ENGINE_MODEL

@@ -2,7 +2,8 @@
 
 The torch backend keeps the HF `config.json` (so the model code reads it as before) and adds a
 `tritonllm_build` block; TensorRT-LLM's `config.json` (written by `trtllm-build`) gets the same block.
-Readers use only this module, which imports nothing heavy.
+Readers use only this module, which imports nothing heavy and nothing else of tritonllm, so the model
+loader, the engine and the Triton models read engine directories without importing the builder.
 """
 
 from __future__ import annotations
