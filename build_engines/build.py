@@ -3,7 +3,7 @@
 
 import sys
 
-from tritonllm.build.cli import main
+from tritonllm.builder.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tritonllm.build.builder import build
-from tritonllm.build.options import BuildOptions
+from tritonllm.builder.builder import build
+from tritonllm.builder.options import BuildOptions
 
 
 def build_without_source(src: Path, root: Path, quantizations: list[str], **options) -> dict[str, Path]:

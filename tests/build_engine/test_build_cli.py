@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tritonllm.build import builder, options
-from tritonllm.build.builder import build
-from tritonllm.build.cli import main
-from tritonllm.build.options import BuildError, BuildOptions
+from tritonllm.builder import builder, options
+from tritonllm.builder.builder import build
+from tritonllm.builder.cli import main
+from tritonllm.builder.options import BuildError, BuildOptions
 from tritonllm.engine_format import read_build_info
 from tritonllm.triton.launcher import MARKER, MODELS, LaunchOptions
 

@@ -9,7 +9,7 @@ from build_engine_helpers import build_without_source
 from engine_helpers import SMOLLM2_TEXTS, agreement_before_divergence, greedy, hf_greedy, make_engine
 from transformers import AutoTokenizer
 
-from tritonllm.build.torch_engine import WEIGHTS_FILE
+from tritonllm.builder.torch_engine import WEIGHTS_FILE
 
 pytestmark = pytest.mark.slow
 

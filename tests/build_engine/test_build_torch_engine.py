@@ -15,8 +15,8 @@ from build_engine_helpers import build_without_source
 from engine_helpers import agreement_before_divergence, greedy, hf_greedy, make_engine, random_prompts
 from safetensors import safe_open
 
-from tritonllm.build.checkpoint import checkpoint_sha256
-from tritonllm.build.torch_engine import WEIGHTS_FILE
+from tritonllm.builder.checkpoint import checkpoint_sha256
+from tritonllm.builder.torch_engine import WEIGHTS_FILE
 from tritonllm.engine import EngineConfig
 from tritonllm.engine_format import read_build_info
 from tritonllm.model.args import UnsupportedModelError

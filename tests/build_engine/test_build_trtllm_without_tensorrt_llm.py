@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from tritonllm.build import options, trtllm_build
-from tritonllm.build.builder import build
-from tritonllm.build.options import BuildOptions, Limits
-from tritonllm.build.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
+from tritonllm.builder import options, trtllm_build
+from tritonllm.builder.builder import build
+from tritonllm.builder.options import BuildOptions, Limits
+from tritonllm.builder.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
 from tritonllm.engine.errors import InvalidRequestError
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason

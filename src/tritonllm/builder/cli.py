@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tritonllm.build.options import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, BuildError, BuildOptions
+from tritonllm.builder.options import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, BuildError, BuildOptions
 from tritonllm.engine_format import BACKENDS, EngineDirError
 from tritonllm.model.args import UnsupportedModelError
 
@@ -101,7 +101,7 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from tritonllm.build.builder import build
+    from tritonllm.builder.builder import build
 
     try:
         build(options_from_args(args))

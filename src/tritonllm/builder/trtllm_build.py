@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tritonllm.build.options import DEFAULT_CALIB_SIZE, BuildError, BuildOptions, Limits
+from tritonllm.builder.options import DEFAULT_CALIB_SIZE, BuildError, BuildOptions, Limits
 
 # Our --quantization -> quantize.py --qformat (ModelOpt); `full_prec` converts without quantizing.
 QFORMATS = {

@@ -13,10 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tritonllm.build import options as build_options
-from tritonllm.build import torch_engine
-from tritonllm.build.checkpoint import TOKENIZER_FILES, checkpoint_sha256, validate_checkpoint
-from tritonllm.build.options import BuildError, BuildOptions, Limits
+from tritonllm.builder import options as build_options
+from tritonllm.builder import torch_engine
+from tritonllm.builder.checkpoint import TOKENIZER_FILES, checkpoint_sha256, validate_checkpoint
+from tritonllm.builder.options import BuildError, BuildOptions, Limits
 from tritonllm.engine_format import BUILD_KEY, FORMAT_VERSION, read_build_info
 
 COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
@@ -101,7 +101,7 @@ def build(options: BuildOptions) -> Path:
         if options.backend == "torch":
             torch_engine.convert(src, staging, dtype, options.quantization)
         else:
-            from tritonllm.build import trtllm_build
+            from tritonllm.builder import trtllm_build
 
             trtllm_build.build(options, src, staging, dtype, limits)
         for name in COPIED_FILES:

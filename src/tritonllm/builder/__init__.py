@@ -1,4 +1,4 @@
-"""Build an engine directory from a HF checkpoint: `build_engines/build.py` (CLI in `tritonllm.build.cli`).
+"""Build an engine directory from a HF checkpoint: `build_engines/build.py` (CLI in `tritonllm.builder.cli`).
 
 What was built is recorded in the engine-directory format of `tritonllm.engine_format` (which the
 loader, the engine and the Triton models read without importing this package); the build itself is in

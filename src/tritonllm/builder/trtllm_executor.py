@@ -41,7 +41,7 @@ FINISH_REASONS = {
 
 def executor_module() -> ModuleType:
     """`tensorrt_llm.bindings.executor`, after checking for TensorRT-LLM 1.2.x and a GPU."""
-    from tritonllm.build.options import require_tensorrt_llm
+    from tritonllm.builder.options import require_tensorrt_llm
 
     require_tensorrt_llm()
     import tensorrt_llm.bindings.executor as trtllm

@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors import safe_open
 from tqdm import tqdm
 
-from tritonllm.build.options import BuildError
+from tritonllm.builder.options import BuildError
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.loader import read_model_args
 
