@@ -31,9 +31,9 @@ from bench_serving_paths import free_ports, tensor  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
-from tritonllm.engine.config import QUANTIZATIONS  # noqa: E402
 from tritonllm.engine.serving import ServingEngine  # noqa: E402
 from tritonllm.model.cpu_kernels import cpu_flags  # noqa: E402
+from tritonllm.precision import TORCH_QUANTIZATIONS  # noqa: E402
 from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
 
 TIMEOUT_S = 600.0
@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
+    parser.add_argument("--quantization", default="none", choices=TORCH_QUANTIZATIONS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     model = model_path_or_default(args.model)

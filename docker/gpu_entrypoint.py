@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonllm.builder.options import QUANTIZATIONS  # what build_engines/build.py accepts
+from tritonllm.precision import QUANTIZATIONS  # what build_engines/build.py accepts
 from tritonllm.triton.launcher import ADMIN_HEADER, RESTRICTED  # the same admin restriction as `launch`
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"

@@ -9,8 +9,8 @@ import sys
 import uuid
 
 from tritonllm.engine import EngineConfig, SamplingParams
-from tritonllm.engine.config import DTYPES, QUANTIZATIONS
 from tritonllm.engine.serving import ServingEngine
+from tritonllm.precision import DTYPES, TORCH_QUANTIZATIONS
 from tritonllm.tokenization import IncrementalDetokenizer, encode_prompt, load_tokenizer
 
 
@@ -21,7 +21,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="default: as built, else none")
+    parser.add_argument("--quantization", choices=TORCH_QUANTIZATIONS, help="default: as built, else none")
     parser.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="default: the fastest for this machine"
     )

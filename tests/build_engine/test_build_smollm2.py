@@ -10,6 +10,7 @@ from engine_helpers import SMOLLM2_TEXTS, agreement_before_divergence, greedy, h
 from transformers import AutoTokenizer
 
 from tritonllm.builder.torch_engine import WEIGHTS_FILE
+from tritonllm.precision import TORCH_QUANTIZATIONS
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ MIN_AGREEMENT = {"int8_wo": 0.75, "fp8": 0.2, "int8": 0.75}
 
 @pytest.fixture(scope="module")
 def engines(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    quantizations = ["none", "int8", "int8_wo", "fp8"]
+    quantizations = list(TORCH_QUANTIZATIONS)
     return build_without_source(smollm2_dir, tmp_path_factory.mktemp("smollm2"), quantizations)
 
 

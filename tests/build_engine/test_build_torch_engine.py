@@ -20,9 +20,9 @@ from tritonllm.builder.torch_engine import WEIGHTS_FILE
 from tritonllm.engine import EngineConfig
 from tritonllm.engine_format import read_build_info
 from tritonllm.model.args import UnsupportedModelError
+from tritonllm.precision import TORCH_QUANTIZATIONS
 from tritonllm.triton.models import engine_config
 
-QUANTIZATIONS = ["none", "int8", "int8_wo", "fp8"]
 NUM_PROMPTS, MAX_NEW = 12, 16
 # Mean fraction of greedy tokens before the first divergence from unquantized HF, on the tiny random
 # Llama (measured 0.70 int8_wo and 0.46 fp8 with these prompts; random weights make near-ties common).
@@ -31,7 +31,7 @@ MIN_AGREEMENT = {"int8_wo": 0.5, "fp8": 0.3, "int8": 0.5}
 
 @pytest.fixture(scope="module")
 def engines(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_without_source(tiny_llama_dir, tmp_path_factory.mktemp("tiny_engines"), QUANTIZATIONS)
+    return build_without_source(tiny_llama_dir, tmp_path_factory.mktemp("tiny_engines"), TORCH_QUANTIZATIONS)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_linears_are_stored_quantized_with_scales(engines: dict[str, Path], quan
         assert q.dtype == dtype and scale.dtype == torch.float32 and scale.shape == (q.shape[0],)
         assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32  # not a linear: kept
         assert "lm_head.weight_scale" in names
-    sizes = {q: (engines[q] / WEIGHTS_FILE).stat().st_size for q in QUANTIZATIONS}
+    sizes = {q: (engines[q] / WEIGHTS_FILE).stat().st_size for q in TORCH_QUANTIZATIONS}
     assert sizes[quantization] < sizes["none"]
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tritonllm.builder.options import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, BuildError, BuildOptions
+from tritonllm.builder.options import KV_CACHE_DTYPES, BuildError, BuildOptions
 from tritonllm.engine_format import BACKENDS, EngineDirError
 from tritonllm.model.args import UnsupportedModelError
+from tritonllm.precision import DTYPES, QUANTIZATIONS
 
 DESCRIPTION = """\
 Build what the server runs from a Hugging Face checkpoint (config.json + *.safetensors + tokenizer).

@@ -8,12 +8,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tritonllm.engine_format import BACKENDS
+from tritonllm.precision import DTYPES, QUANTIZATIONS, TORCH_QUANTIZATIONS, TRTLLM_QUANTIZATIONS
 
-QUANTIZATIONS = ("none", "fp8", "int8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
-TORCH_QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")  # what the project's engine runs
-TRTLLM_QUANTIZATIONS = ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
-DTYPES = ("auto", "float16", "bfloat16", "float32")
 # Per backend: tokens per KV block and tokens per step when not given (the engines' own defaults).
 DEFAULT_TOKENS_PER_BLOCK = {"torch": 16, "tensorrt_llm": 32}
 DEFAULT_MAX_NUM_TOKENS = {"torch": 512, "tensorrt_llm": 8192}

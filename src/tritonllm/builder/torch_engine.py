@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from tritonllm.engine_format import SCALE_SUFFIX
-from tritonllm.model.loader import DTYPES
+from tritonllm.model.loader import TORCH_DTYPES
 from tritonllm.model.quant import BF16_HEAD, QUANTIZERS
 
 WEIGHTS_FILE = "model.safetensors"
@@ -39,7 +39,7 @@ def is_linear_weight(name: str) -> bool:
 
 def convert(src: Path, dest: Path, dtype: str, quantization: str) -> None:
     """Write `dest/model.safetensors` from the checkpoint in `src`."""
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     quantize = QUANTIZERS.get(quantization)
     files = sorted(src.glob("*.safetensors"))
     out: dict[str, torch.Tensor] = {}

@@ -6,9 +6,7 @@ import os
 from dataclasses import dataclass
 
 from tritonllm.engine_format import built_quantization
-
-QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+from tritonllm.precision import DTYPES, TORCH_QUANTIZATIONS
 
 
 def auto_dtype(device: str, quantization: str) -> str:
@@ -63,8 +61,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization is None:
             self.quantization = built_quantization(self.model) or "none"
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.quantization not in TORCH_QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {TORCH_QUANTIZATIONS}, got {self.quantization!r}")
         if self.dtype == "auto":
             self.dtype = auto_dtype(self.device, self.quantization)
         for name in ("tokens_per_block", "max_num_seqs", "max_num_batched_tokens", "max_waiting"):

@@ -11,7 +11,7 @@ from tritonllm.engine.sampler import Sampler
 from tritonllm.engine.scheduler import ScheduledChunk, SchedulerOutput
 from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
 from tritonllm.model.llama import AttentionMetadata, PrefillSpan
-from tritonllm.model.loader import DTYPES, load_model
+from tritonllm.model.loader import TORCH_DTYPES, load_model
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig):
         torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
-        self.dtype = DTYPES[config.dtype]
+        self.dtype = TORCH_DTYPES[config.dtype]
         self.model = load_model(config.model, config.dtype, config.device, config.quantization)
         self.kernels = describe_kernels(self.device)
         log.info(

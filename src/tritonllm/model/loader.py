@@ -18,8 +18,9 @@ from tritonllm.engine_format import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.llama import DecoderLayer, LlamaModel
 from tritonllm.model.quant import make_linear, make_lm_head, prequantized_linear
+from tritonllm.precision import DTYPES
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES if name != "auto"}
 
 
 def read_model_args(path: str | Path) -> ModelArgs:
@@ -61,7 +62,7 @@ def load_model(
             f"not {quantization!r}: rebuild it with build_engines/build.py for another quantization"
         )
     tensors = _load_tensors(path)
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
 
     def take(name: str, required: bool = True) -> torch.Tensor | None:
         if name not in tensors:

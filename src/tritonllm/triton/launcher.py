@@ -35,6 +35,7 @@ from pathlib import Path
 from string import Template
 
 from tritonllm.openai.child import FrontDoorProcess
+from tritonllm.precision import DTYPES, TORCH_QUANTIZATIONS
 
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 ENGINE_MODEL = "tensorrt_llm"
@@ -87,8 +88,6 @@ class LaunchOptions:
 
     def __post_init__(self) -> None:
         """Reject values the templates would carry into a config Triton or the engine refuses later."""
-        from tritonllm.engine.config import DTYPES, QUANTIZATIONS
-
         for name in ("http_port", "grpc_port", "metrics_port"):
             if not 0 < getattr(self, name) < 65536:
                 raise ValueError(f"{name} must be in 1..65535, got {getattr(self, name)}")
@@ -100,8 +99,8 @@ class LaunchOptions:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.quantization is not None and self.quantization not in TORCH_QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {TORCH_QUANTIZATIONS}, got {self.quantization!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.drain_timeout_s < 0 or self.exit_timeout_s < 0:
@@ -351,8 +350,6 @@ class TritonServer:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tritonllm.engine.config import DTYPES, QUANTIZATIONS
-
     parser.add_argument("--model", help="HF checkpoint directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
     parser.add_argument("--repository", help="render the model repository here (default: a temporary folder)")
@@ -373,7 +370,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--threads", type=int, help="engine CPU threads (default: the cores available)")
     parser.add_argument(
-        "--quantization", choices=QUANTIZATIONS, help="engine weights (default: as built, else none)"
+        "--quantization", choices=TORCH_QUANTIZATIONS, help="engine weights (default: as built, else none)"
     )
     parser.add_argument(
         "--dtype",

@@ -1,0 +1,11 @@
+"""The names of the weight quantizations and compute dtypes: one list each, for every layer.
+
+The model loader, the engine's config, the builder, the launcher and the CLIs validate and offer these
+names; keeping them here (importing nothing) lets the lowest layer, the model, use them too.
+"""
+
+# "auto": the engine picks the fastest accurate dtype for the device; the builder keeps the checkpoint's.
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+TORCH_QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")  # what the project's engine runs
+TRTLLM_QUANTIZATIONS = ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")
+QUANTIZATIONS = tuple(dict.fromkeys(TORCH_QUANTIZATIONS + TRTLLM_QUANTIZATIONS))  # what a build accepts
