@@ -10,6 +10,7 @@ import pytest
 from engine_helpers import greedy, hf_greedy, make_engine, random_prompts
 
 from tritonllm.engine import EngineBusyError, EngineConfig, EngineDeadError, FinishReason, InvalidRequestError
+from tritonllm.engine.protocol import Engine
 from tritonllm.engine.serving import ServingEngine
 
 WAIT_S = 60.0
@@ -37,6 +38,10 @@ def test_concurrent_submitters_get_hf_outputs(serving: ServingEngine, tiny_llama
         results = list(pool.map(run, range(len(prompts))))
     assert results == [hf_greedy(tiny_llama_dir, p, 8) for p in prompts]
     assert serving.num_in_flight == 0
+
+
+def test_serving_engine_satisfies_the_engine_protocol(serving: ServingEngine) -> None:
+    assert isinstance(serving, Engine) and serving.alive
 
 
 def test_callback_receives_every_token_then_final(serving: ServingEngine) -> None:

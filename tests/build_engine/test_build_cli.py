@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tritonllm.builder import builder, options
+from tritonllm.builder import builder
 from tritonllm.builder.builder import build
 from tritonllm.builder.cli import main
 from tritonllm.builder.options import BuildError, BuildOptions
+from tritonllm.engine import trtllm_executor
 from tritonllm.engine_format import read_build_info
 from tritonllm.triton.launcher import MARKER, MODELS, LaunchOptions
 
@@ -158,13 +159,13 @@ def test_tensorrt_llm_without_gpu_or_with_another_version_without_tensorrt_llm(
     monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path, tmp_path: Path
 ) -> None:
     """TensorRT-LLM is not present here: its presence and version are faked to reach the later checks."""
-    monkeypatch.setattr(options, "tensorrt_llm_installed", lambda: True)
-    monkeypatch.setattr(options, "gpu_available", lambda: False)
+    monkeypatch.setattr(trtllm_executor, "tensorrt_llm_installed", lambda: True)
+    monkeypatch.setattr(trtllm_executor, "gpu_available", lambda: False)
     kwargs = dict(model=str(tiny_llama_dir), output=str(tmp_path / "out"), backend="tensorrt_llm")
-    monkeypatch.setattr(options, "tensorrt_llm_version", lambda: "1.2.1")
+    monkeypatch.setattr(trtllm_executor, "tensorrt_llm_version", lambda: "1.2.1")
     with pytest.raises(BuildError, match=r"needs an NVIDIA GPU"):
         BuildOptions(**kwargs)
-    monkeypatch.setattr(options, "tensorrt_llm_version", lambda: "1.3.0")
+    monkeypatch.setattr(trtllm_executor, "tensorrt_llm_version", lambda: "1.3.0")
     with pytest.raises(BuildError, match=r"needs TensorRT-LLM 1\.2\.x .* found 1\.3\.0"):
         BuildOptions(**kwargs)
     # auto falls back to the project's engine without a GPU

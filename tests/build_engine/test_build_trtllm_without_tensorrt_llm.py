@@ -23,10 +23,12 @@ import pytest
 from tritonllm.builder import options, trtllm_build
 from tritonllm.builder.builder import build
 from tritonllm.builder.options import BuildOptions, Limits
-from tritonllm.builder.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
+from tritonllm.engine import trtllm_executor
 from tritonllm.engine.errors import InvalidRequestError
+from tritonllm.engine.protocol import Engine
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
+from tritonllm.engine.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
 from tritonllm.engine_format import engine_backend, engine_defaults, read_build_info
 from tritonllm.triton.models import engine_config
 
@@ -36,9 +38,9 @@ WAIT_S = 10.0
 @pytest.fixture
 def trtllm_present(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pretend TensorRT-LLM 1.2.1 and a GPU are there (neither is)."""
-    monkeypatch.setattr(options, "tensorrt_llm_installed", lambda: True)
-    monkeypatch.setattr(options, "tensorrt_llm_version", lambda: "1.2.1")
-    monkeypatch.setattr(options, "gpu_available", lambda: True)
+    monkeypatch.setattr(trtllm_executor, "tensorrt_llm_installed", lambda: True)
+    monkeypatch.setattr(trtllm_executor, "tensorrt_llm_version", lambda: "1.2.1")
+    monkeypatch.setattr(trtllm_executor, "gpu_available", lambda: True)
 
 
 def trt_options(tiny_llama_dir: Path, out: Path, **kwargs: Any) -> BuildOptions:
@@ -281,6 +283,10 @@ def engine(fake_executor_module: types.ModuleType, tmp_path: Path):
     engine = TrtllmEngine(tmp_path, settings)
     yield engine
     engine.shutdown(drain_timeout_s=0.0)
+
+
+def test_adapter_satisfies_the_engine_protocol_without_tensorrt_llm(engine: TrtllmEngine) -> None:
+    assert isinstance(engine, Engine) and engine.alive
 
 
 def test_executor_config_without_tensorrt_llm(engine: TrtllmEngine, tmp_path: Path) -> None:

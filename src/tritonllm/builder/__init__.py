@@ -2,5 +2,5 @@
 
 What was built is recorded in the engine-directory format of `tritonllm.engine_format` (which the
 loader, the engine and the Triton models read without importing this package); the build itself is in
-`builder`, the project's engine format in `torch_engine`, TensorRT-LLM in `trtllm_*`.
+`builder`, the project's engine format in `torch_engine`, TensorRT-LLM in `trtllm_build`.
 """

@@ -13,10 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tritonllm.builder import options as build_options
 from tritonllm.builder import torch_engine
 from tritonllm.builder.checkpoint import TOKENIZER_FILES, checkpoint_sha256, validate_checkpoint
 from tritonllm.builder.options import BuildError, BuildOptions, Limits
+from tritonllm.engine import trtllm_executor
 from tritonllm.engine_format import BUILD_KEY, FORMAT_VERSION, read_build_info
 
 COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
@@ -42,7 +42,7 @@ def versions(backend: str) -> dict[str, str]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[name] = importlib.metadata.version(name)
     if backend == "tensorrt_llm":
-        found["tensorrt_llm"] = build_options.tensorrt_llm_version() or "unknown"
+        found["tensorrt_llm"] = trtllm_executor.tensorrt_llm_version() or "unknown"
     return found
 
 

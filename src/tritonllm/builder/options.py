@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tritonllm.engine import trtllm_executor
 from tritonllm.engine_format import BACKENDS
 from tritonllm.precision import DTYPES, QUANTIZATIONS, TORCH_QUANTIZATIONS, TRTLLM_QUANTIZATIONS
 
@@ -16,54 +15,26 @@ DEFAULT_TOKENS_PER_BLOCK = {"torch": 16, "tensorrt_llm": 32}
 DEFAULT_MAX_NUM_TOKENS = {"torch": 512, "tensorrt_llm": 8192}
 DEFAULT_MAX_SEQ_LEN = 4096  # capped by the model's max_position_embeddings
 DEFAULT_CALIB_SIZE = 512
-TRTLLM_SERIES = "1.2."  # NVIDIA removed the engine workflow after 1.2
-TRTLLM_PIN = "1.2.1"
 
 
 class BuildError(ValueError):
     """A build that cannot be done as asked; the message says why and what to change."""
 
 
-def gpu_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def tensorrt_llm_installed() -> bool:
-    return importlib.util.find_spec("tensorrt_llm") is not None
-
-
-def tensorrt_llm_version() -> str | None:
-    try:
-        return importlib.metadata.version("tensorrt_llm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def require_tensorrt_llm() -> str:
-    """The installed TensorRT-LLM version; a clear error unless it is 1.2.x and a GPU is present."""
-    version = tensorrt_llm_version() if tensorrt_llm_installed() else None
-    if version is None:
-        raise BuildError(
-            "--backend tensorrt_llm: TensorRT-LLM is not installed. Build in NVIDIA's TensorRT-LLM 1.2 "
-            f"container (pip install tensorrt-llm=={TRTLLM_PIN}), or use --backend torch"
-        )
-    if not version.startswith(TRTLLM_SERIES):
-        raise BuildError(
-            f"--backend tensorrt_llm needs TensorRT-LLM {TRTLLM_SERIES}x (the last release line with "
-            f"TensorRT engines and trtllm-build); found {version}"
-        )
-    if not gpu_available():
-        raise BuildError("--backend tensorrt_llm needs an NVIDIA GPU (torch.cuda.is_available() is False)")
-    return version
+    """`trtllm_executor.require_tensorrt_llm` with its error as a BuildError (the CLI reports those)."""
+    try:
+        return trtllm_executor.require_tensorrt_llm()
+    except trtllm_executor.TensorrtLlmUnavailableError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def resolve_backend(backend: str) -> str:
     """`auto`: TensorRT-LLM when it is installed and a GPU is present, else the project's engine."""
     if backend != "auto":
         return backend
-    return "tensorrt_llm" if tensorrt_llm_installed() and gpu_available() else "torch"
+    installed = trtllm_executor.tensorrt_llm_installed() and trtllm_executor.gpu_available()
+    return "tensorrt_llm" if installed else "torch"
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tritonllm.engine.config import EngineConfig
-from tritonllm.engine.errors import EngineBusyError, EngineDeadError, EngineError
+from tritonllm.engine.errors import EngineDeadError, EngineError
 from tritonllm.engine.llm_engine import EngineStats, LLMEngine, RequestOutput
+from tritonllm.engine.protocol import check_admission
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
 
@@ -141,12 +142,14 @@ class ServingEngine:
         stream = RequestStream(request_id, params.max_tokens + 2, on_output)
         deadline = time.monotonic() + timeout_s if timeout_s else None
         with self._lock:
-            if self._dead is not None or self._stopping:
-                raise EngineDeadError(f"engine is not running: {self._dead or 'shutting down'}")
-            if request_id in self._streams:
-                raise EngineError(f"request_id {request_id!r} is already in flight")
-            if len(self._inbox) + self._stats.num_waiting >= self._max_waiting:
-                raise EngineBusyError(f"server busy: {self._max_waiting} requests already waiting")
+            check_admission(
+                request_id,
+                dead=self._dead,
+                stopping=self._stopping,
+                in_flight=request_id in self._streams,
+                num_waiting=len(self._inbox) + self._stats.num_waiting,
+                max_waiting=self._max_waiting,
+            )
             self._streams[request_id] = stream
             self._inbox.append(_Submission(request_id, prompt_token_ids, params, priority, deadline, stream))
             self._wakeup.notify()

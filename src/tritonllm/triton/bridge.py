@@ -1,6 +1,6 @@
 """The `tensorrt_llm` model's core: Triton requests in, the project's engine, responses out.
 
-`EngineBridge` owns a `ServingEngine`. `submit` queues one Triton request, which may hold several
+`EngineBridge` owns an `Engine` (any engine). `submit` queues one Triton request, which may hold several
 batch rows (NVIDIA's `batch_index`): each row is one engine request. The engine loop only drops each
 step's outputs into a queue; a sender thread builds the tensors and sends them through the request's
 `ResponseChannel` (the Triton response sender in production, a fake in unit tests), so the engine loop
@@ -32,6 +32,7 @@ import numpy as np
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.errors import EngineBusyError, EngineDeadError, EngineError, InvalidRequestError
 from tritonllm.engine.llm_engine import RequestOutput
+from tritonllm.engine.protocol import Engine
 from tritonllm.engine.sequence import FinishReason
 from tritonllm.engine.serving import ServingEngine
 from tritonllm.triton.tensors import EngineRequest, RequestError, from_invalid
@@ -117,10 +118,10 @@ class EngineBridge:
         on_finished: Callable[[FinishedRequest], None] | None = None,
         on_rejected: Callable[[], None] | None = None,
         cancel_check_s: float = 0.05,
-        engine: ServingEngine | None = None,
+        engine: Engine | None = None,
         decoupled: bool = True,
     ):
-        # `engine`: another engine behind ServingEngine's interface (the TensorRT-LLM executor adapter).
+        # `engine`: another engine behind the same protocol (the TensorRT-LLM executor adapter).
         self.engine = engine if engine is not None else ServingEngine(config)
         self.tokens_per_block = config.tokens_per_block
         self.decoupled = decoupled

@@ -2,7 +2,7 @@
 
 Every metric operation is an IPC round trip from the Python stub to the server, so the engine loop
 never makes one: finished requests are queued and a reporter thread observes them and refreshes the
-gauges from `ServingEngine.stats()` every `interval_s`. All names start with `tritonllm_`; the README
+gauges from the engine's `stats()` every `interval_s`. All names start with `tritonllm_`; the README
 lists them. Latencies are in seconds.
 """
 
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
-from tritonllm.engine.serving import ServingEngine
+from tritonllm.engine.protocol import Engine
 from tritonllm.triton.bridge import FinishedRequest
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class MetricsReporter:
     def __init__(
         self,
         pb_utils: ModuleType,
-        engine: ServingEngine,
+        engine: Engine,
         labels: dict[str, str] | None = None,
         interval_s: float = 0.25,
     ):
@@ -142,7 +142,7 @@ class MetricsReporter:
             "tritonllm_kv_cache_blocks_used": stats.kv_blocks_used,
             "tritonllm_kv_cache_blocks_free": stats.kv_blocks_free,
             "tritonllm_kv_cache_usage_ratio": stats.kv_usage,
-            "tritonllm_engine_alive": 1.0 if getattr(self._engine, "alive", True) else 0.0,
+            "tritonllm_engine_alive": 1.0 if self._engine.alive else 0.0,
         }
         for name, value in values.items():
             self._gauges[name].set(float(value))

@@ -351,7 +351,7 @@ class EngineModel:
 
         engine_cfg = engine_config(params)
         if engine_backend(engine_cfg.model) == "tensorrt_llm":  # an engine dir built by TensorRT-LLM
-            from tritonllm.builder.trtllm_executor import TrtllmEngine, settings_from_parameters
+            from tritonllm.engine.trtllm_executor import TrtllmEngine, settings_from_parameters
 
             engine = TrtllmEngine(engine_cfg.model, settings_from_parameters(engine_cfg.model, params))
         else:

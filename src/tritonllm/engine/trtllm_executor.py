@@ -1,4 +1,4 @@
-"""A TensorRT-LLM engine behind `ServingEngine`'s interface (submit / cancel / stats / shutdown).
+"""A TensorRT-LLM engine behind the `Engine` protocol that `ServingEngine` satisfies too.
 
 TensorRT-LLM's executor (`tensorrt_llm.bindings.executor`, 1.2.x) does the in-flight batching, the paged
 KV cache with block reuse and the scheduling; this adapter only maps our requests, outputs and statistics
@@ -9,6 +9,8 @@ unit tested against a fake module, the rest is unverified here.
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import threading
@@ -19,8 +21,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tritonllm.engine.errors import EngineBusyError, EngineDeadError, EngineError, InvalidRequestError
+from tritonllm.engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from tritonllm.engine.llm_engine import EngineStats, RequestOutput
+from tritonllm.engine.protocol import check_admission
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
 from tritonllm.engine.serving import RequestStream
@@ -39,10 +42,53 @@ FINISH_REASONS = {
 }
 
 
+TRTLLM_SERIES = "1.2."  # NVIDIA removed the engine workflow after 1.2
+TRTLLM_PIN = "1.2.1"
+
+
+class TensorrtLlmUnavailableError(ValueError):
+    """TensorRT-LLM 1.2.x or the GPU it needs is missing; the message says what to do."""
+
+
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def tensorrt_llm_installed() -> bool:
+    return importlib.util.find_spec("tensorrt_llm") is not None
+
+
+def tensorrt_llm_version() -> str | None:
+    try:
+        return importlib.metadata.version("tensorrt_llm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def require_tensorrt_llm() -> str:
+    """The installed TensorRT-LLM version; a clear error unless it is 1.2.x and a GPU is present."""
+    version = tensorrt_llm_version() if tensorrt_llm_installed() else None
+    if version is None:
+        raise TensorrtLlmUnavailableError(
+            "--backend tensorrt_llm: TensorRT-LLM is not installed. Build in NVIDIA's TensorRT-LLM 1.2 "
+            f"container (pip install tensorrt-llm=={TRTLLM_PIN}), or use --backend torch"
+        )
+    if not version.startswith(TRTLLM_SERIES):
+        raise TensorrtLlmUnavailableError(
+            f"--backend tensorrt_llm needs TensorRT-LLM {TRTLLM_SERIES}x (the last release line with "
+            f"TensorRT engines and trtllm-build); found {version}"
+        )
+    if not gpu_available():
+        raise TensorrtLlmUnavailableError(
+            "--backend tensorrt_llm needs an NVIDIA GPU (torch.cuda.is_available() is False)"
+        )
+    return version
+
+
 def executor_module() -> ModuleType:
     """`tensorrt_llm.bindings.executor`, after checking for TensorRT-LLM 1.2.x and a GPU."""
-    from tritonllm.builder.options import require_tensorrt_llm
-
     require_tensorrt_llm()
     import tensorrt_llm.bindings.executor as trtllm
 
@@ -175,7 +221,7 @@ class _Live:
 
 
 class TrtllmEngine:
-    """`ServingEngine`'s interface over `tensorrt_llm.bindings.executor.Executor`."""
+    """The `Engine` protocol over `tensorrt_llm.bindings.executor.Executor`."""
 
     def __init__(self, engine_dir: str | Path, settings: ExecutorSettings, trtllm: ModuleType | None = None):
         self._trt = trtllm or executor_module()
@@ -216,12 +262,14 @@ class TrtllmEngine:
         self._validate(prompt_token_ids, params)
         stream = RequestStream(request_id, params.max_tokens + 2, on_output)
         with self._lock:
-            if self._dead is not None or self._stopping.is_set():
-                raise EngineDeadError(f"engine is not running: {self._dead or 'shutting down'}")
-            if request_id in self._ids:
-                raise EngineError(f"request_id {request_id!r} is already in flight")
-            if self._stats.num_waiting >= self.settings.max_waiting:
-                raise EngineBusyError(f"server busy: {self.settings.max_waiting} requests already waiting")
+            check_admission(
+                request_id,
+                dead=self._dead,
+                stopping=self._stopping.is_set(),
+                in_flight=request_id in self._ids,
+                num_waiting=self._stats.num_waiting,
+                max_waiting=self.settings.max_waiting,
+            )
             request = executor_request(self._trt, prompt_token_ids, params, self.settings.eos_token_ids)
             executor_id = self.executor.enqueue_request(request)
             deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -262,6 +310,11 @@ class TrtllmEngine:
     @property
     def num_in_flight(self) -> int:
         return len(self._live)
+
+    @property
+    def alive(self) -> bool:
+        """False once the response loop died of an error."""
+        return self._dead is None
 
     def shutdown(self, drain_timeout_s: float = 0.0, join_timeout_s: float = 30.0) -> None:
         """Let in-flight requests finish for up to `drain_timeout_s`, cancel the rest, stop the executor."""
