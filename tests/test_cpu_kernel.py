@@ -47,6 +47,36 @@ def test_kernel_matches_torch(isa: str, dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("lengths", [[1000], [1000, 7, 333]], ids=["one", "three"])
+def test_long_contexts_split_across_threads_match_torch(
+    isa: str, dtype: torch.dtype, threads: int, lengths: list[int]
+) -> None:
+    """SmolLM2's geometry (9 heads, 3 kv heads, head_dim 64, blocks of 16): fewer (sequence, kv head) pairs
+    than 4 per thread are cut into spans merged by log-sum-exp (one sequence always; three with 2 threads);
+    runs of 8 keys and 32 value lanes take the vector paths, a ragged last block the scalar ones."""
+    kernel = load_kernels(isa)
+    gen = torch.Generator().manual_seed(1)
+    kv_heads, blocks, bs, head_dim, heads = 3, 160, 16, 64, 9
+    k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(dtype)
+    tables = torch.stack([torch.randperm(blocks, generator=gen)[:63] for _ in lengths])
+    q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor(lengths), 0.125)
+    finally:
+        torch.set_num_threads(previous)
+    expected = torch_decode_attention(
+        q.float(), k_cache.float(), v_cache.float(), tables, torch.tensor(lengths), 0.125
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
 def test_pytorch_fallback_matches_hf(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llama, "load_kernels", lambda: None)
     prompts = random_prompts(8, vocab=512, seed=5)

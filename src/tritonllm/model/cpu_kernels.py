@@ -28,7 +28,7 @@ import torch
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 # The first includes the others (one translation unit).
-SOURCES = [CSRC / n for n in ("bindings.cpp", "layer_ops.cpp", "linear.cpp", "paged_attention.cpp")]
+SOURCES = [CSRC / n for n in ("bindings.cpp", "layer_ops.cpp", "linear.cpp", "paged_attention.cpp", "simd.h")]
 # Compiler flags per variant; a variant runs only on CPUs whose capability includes it.
 ISA_FLAGS = {
     "generic": [],

@@ -14,26 +14,19 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define TRITONLLM_AVX2 1
-#endif
+#include "simd.h"
 
 namespace {
 
+using simd::bf16_to_float;
+using simd::to_float;
+#ifdef TRITONLLM_AVX2
+using simd::hsum;
+using simd::load8;
+using simd::load_bf16x8;
+#endif
+
 constexpr int64_t kBlock = 32;
-
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-
-template <typename T>
-inline float to_float(T v) {
-  return static_cast<float>(v);
-}
 
 // Quantize `m` rows of `k` activations to int8, per block of 32 (zero-padded to `kp`), with one scale per block.
 template <typename T>
@@ -57,13 +50,6 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, flo
 }
 
 #ifdef TRITONLLM_AVX2
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // Sum of w[i] * x[i] over one block of 32 int8 pairs, as 8 float lanes. maddubs needs one unsigned operand:
 // |x| and w carrying x's sign give the same products (|values| <= 127, so the int16 pair sums cannot saturate).
 inline __m256 block_dot(__m256i abs_x, __m256i x, const int8_t* w) {
@@ -71,13 +57,6 @@ inline __m256 block_dot(__m256i abs_x, __m256i x, const int8_t* w) {
   const __m256i pairs = _mm256_maddubs_epi16(abs_x, signed_w);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
-
-inline __m256 load_bf16x8(const uint16_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-}
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::BFloat16* p) { return load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
 #endif
 
 // out[m][n] (+= nothing; written) for RN weight rows x RM tokens of the int8 x int8 product.

@@ -1,73 +1,196 @@
-// Decode attention straight from the paged KV cache: one pass over each sequence's keys and values,
-// no gather copy, no padding. One task per (sequence, kv head); the query heads of a group share it.
+// Decode attention straight from the paged KV cache: no gather copy, no padding.
+// Work is split into tasks of (sequence, kv head, span of at most `split` keys): the query heads of a group
+// share each key and value they load, and long contexts are cut into spans so that batch 1 (3 kv heads on
+// SmolLM2) keeps every thread busy. Each span keeps its own softmax maximum and sum; a second pass merges
+// the spans of a (sequence, kv head) exactly (the log-sum-exp rescaling of flash-decoding).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
+
+#include "simd.h"
 
 namespace {
 
+constexpr int64_t kMinSplit = 64;  // a span shorter than this costs more to merge than it saves
+
+struct Task {
+  int64_t seq, head, begin, end;  // keys [begin, end) of `seq` for kv head `head`
+};
+
+struct Geometry {
+  int64_t heads, kv_heads, group, head_dim, num_blocks, block_size, width;
+};
+
+// Blocks sit anywhere in the pool, so the hardware prefetcher loses the stream at each one: ask for the
+// next block's keys (and this block's values, read by the second pass) while this block is computed.
 template <typename T>
-inline float dot(const float* q, const T* k, int64_t n) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += q[i] * static_cast<float>(k[i]);
-  return acc;
+inline void prefetch_block(const T* first, int64_t elements) {
+  const char* p = reinterpret_cast<const char*>(first);
+  for (int64_t off = 0; off < elements * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
+// scores[g][t - begin] = q_g . k_t for the keys of one span, reading each key once for the whole group.
+template <typename T>
+void span_scores(const float* q, const T* keys, const T* values, const int64_t* table, const Geometry& geo,
+                 int64_t begin, int64_t end, float* scores) {
+  const int64_t d = geo.head_dim, len = end - begin, block_elems = geo.block_size * d;
+  for (int64_t t = begin; t < end;) {
+    const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
+    const int64_t block = t / geo.block_size, offset = (table[block] * geo.block_size + in_block) * d;
+    const T* k = keys + offset;  // `run` contiguous keys
+    if (t + run < end) prefetch_block(keys + table[block + 1] * block_elems, block_elems);
+    prefetch_block(values + offset, run * d);
+    int64_t j = 0;
+#ifdef TRITONLLM_AVX2
+    if constexpr (simd::kVectorLoad<T>)
+      for (; d % 8 == 0 && j + 8 <= run; j += 8)
+        for (int64_t g = 0; g < geo.group; ++g) {
+          __m256 acc[8];
+          for (auto& a : acc) a = _mm256_setzero_ps();
+          for (int64_t i = 0; i < d; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + g * d + i);
+            for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, simd::load8(k + (j + u) * d + i), acc[u]);
+          }
+          _mm256_storeu_ps(scores + g * len + (t - begin) + j, simd::hsum8(acc));
+        }
+#endif
+    for (; j < run; ++j)
+      for (int64_t g = 0; g < geo.group; ++g) {
+        float acc = 0.f;
+        for (int64_t i = 0; i < d; ++i) acc += q[g * d + i] * simd::to_float(k[j * d + i]);
+        scores[g * len + (t - begin) + j] = acc;
+      }
+    t += run;
+  }
+}
+
+// acc[g] = sum_t p[g][t] * v_t over the span (acc zeroed here).
+template <typename T>
+void span_values(const float* p, const T* values, const int64_t* table, const Geometry& geo, int64_t begin,
+                 int64_t end, float* acc) {
+  const int64_t d = geo.head_dim, len = end - begin;
+  std::fill(acc, acc + geo.group * d, 0.f);
+  for (int64_t t = begin; t < end;) {
+    const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
+    const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * d;
+    for (int64_t g = 0; g < geo.group; ++g) {
+      const float* pg = p + g * len + (t - begin);
+      float* out = acc + g * d;
+      int64_t i = 0;
+#ifdef TRITONLLM_AVX2
+      if constexpr (simd::kVectorLoad<T>)
+        for (; i + 32 <= d; i += 32) {  // four accumulators stay in registers over the run
+        __m256 a0 = _mm256_loadu_ps(out + i), a1 = _mm256_loadu_ps(out + i + 8);
+        __m256 a2 = _mm256_loadu_ps(out + i + 16), a3 = _mm256_loadu_ps(out + i + 24);
+        for (int64_t j = 0; j < run; ++j) {
+          const __m256 w = _mm256_set1_ps(pg[j]);
+          const T* row = v + j * d + i;
+          a0 = _mm256_fmadd_ps(w, simd::load8(row), a0);
+          a1 = _mm256_fmadd_ps(w, simd::load8(row + 8), a1);
+          a2 = _mm256_fmadd_ps(w, simd::load8(row + 16), a2);
+          a3 = _mm256_fmadd_ps(w, simd::load8(row + 24), a3);
+        }
+        _mm256_storeu_ps(out + i, a0);
+        _mm256_storeu_ps(out + i + 8, a1);
+        _mm256_storeu_ps(out + i + 16, a2);
+        _mm256_storeu_ps(out + i + 24, a3);
+      }
+#endif
+      for (; i < d; ++i) {
+        float a = out[i];
+        for (int64_t j = 0; j < run; ++j) a += pg[j] * simd::to_float(v[j * d + i]);
+        out[i] = a;
+      }
+    }
+    t += run;
+  }
+}
+
+// Softmax numerators in place: each row of `scores` becomes exp(s - max); writes the row's max and sum.
+void exp_rows(float* scores, int64_t rows, int64_t len, float* maxima, float* sums) {
+  for (int64_t g = 0; g < rows; ++g) {
+    float* row = scores + g * len;
+    float peak = -std::numeric_limits<float>::infinity(), total = 0.f;
+    for (int64_t t = 0; t < len; ++t) peak = std::max(peak, row[t]);
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < len; ++t) total += (row[t] = std::exp(row[t] - peak));  // vector expf (fast-math)
+    maxima[g] = peak;
+    sums[g] = total;
+  }
+}
+
+// Spans of at most `split` keys per (sequence, kv head); `split` shrinks until there are a few tasks per thread.
+std::vector<Task> plan_tasks(const int64_t* lens, int64_t seqs, const Geometry& geo, int64_t threads) {
+  int64_t longest = 1;
+  for (int64_t s = 0; s < seqs; ++s) longest = std::max(longest, lens[s]);
+  const int64_t wanted = 4 * threads, have = seqs * geo.kv_heads;
+  int64_t split = longest;
+  if (have < wanted) split = std::max(kMinSplit, (longest * have + wanted - 1) / wanted);
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < seqs; ++s)
+    for (int64_t h = 0; h < geo.kv_heads; ++h)
+      for (int64_t b = 0; b < lens[s]; b += split) tasks.push_back({s, h, b, std::min(lens[s], b + split)});
+  return tasks;
 }
 
 template <typename T>
 void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
-                   at::Tensor& out) {
-  const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
-  const int64_t kv_heads = k_cache.size(0), num_blocks = k_cache.size(1), block_size = k_cache.size(2);
-  const int64_t group = num_heads / kv_heads, width = block_tables.size(1);
+                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, at::Tensor& out) {
+  const Geometry geo{q.size(1), k_cache.size(0), q.size(1) / k_cache.size(0), q.size(2), k_cache.size(1),
+                     k_cache.size(2), block_tables.size(1)};
+  const int64_t seqs = q.size(0), d = geo.head_dim, gd = geo.group * d;
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
-  T* op = out.data_ptr<T>();
-  const float fscale = static_cast<float>(scale);
+  const std::vector<Task> tasks = plan_tasks(lens, seqs, geo, at::get_num_threads());
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  // Per task: the unnormalized output of its span and, per query head, the span's max and sum.
+  std::vector<float> partial(n * gd), maxima(n * geo.group), sums(n * geo.group);
+  const int64_t per_head = geo.num_blocks * geo.block_size * d;
 
-  at::parallel_for(0, num_seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(group * head_dim), scores, acc(group * head_dim);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t s = task / kv_heads, h = task % kv_heads, len = lens[s];
-      const int64_t* table = tables + s * width;
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = 0; i < head_dim; ++i)
-          query[g * head_dim + i] = static_cast<float>(qp[(s * num_heads + h * group + g) * head_dim + i]);
-      scores.assign(group * len, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const T* key = kp + ((h * num_blocks + table[t / block_size]) * block_size + t % block_size) * head_dim;
-        for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(&query[g * head_dim], key, head_dim) * fscale;
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* row = &scores[g * len];
-        float peak = row[0], total = 0.f;  // len >= 1: a decode attends at least to itself
-        for (int64_t t = 1; t < len; ++t) peak = std::max(peak, row[t]);
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < len; ++t) total += (row[t] = std::exp(row[t] - peak));
-        const float inv = 1.f / total;
-#pragma omp simd
-        for (int64_t t = 0; t < len; ++t) row[t] *= inv;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const T* value = vp + ((h * num_blocks + table[t / block_size]) * block_size + t % block_size) * head_dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * len + t];
-          float* a = &acc[g * head_dim];
-#pragma omp simd
-          for (int64_t i = 0; i < head_dim; ++i) a[i] += p * static_cast<float>(value[i]);
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(gd), scores;
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& task = tasks[i];
+      for (int64_t j = 0; j < gd; ++j)
+        query[j] = simd::to_float(qp[(task.seq * geo.heads + task.head * geo.group) * d + j]) * static_cast<float>(scale);
+      const int64_t len = task.end - task.begin;
+      scores.resize(geo.group * len);
+      const int64_t* table = tables + task.seq * geo.width;
+      span_scores(query.data(), kp + task.head * per_head, vp + task.head * per_head, table, geo, task.begin,
+                  task.end, scores.data());
+      exp_rows(scores.data(), geo.group, len, &maxima[i * geo.group], &sums[i * geo.group]);
+      span_values(scores.data(), vp + task.head * per_head, table, geo, task.begin, task.end, &partial[i * gd]);
+    }
+  });
+
+  // Merge the spans of each (sequence, kv head): tasks of one pair are consecutive.
+  std::vector<int64_t> first(seqs * geo.kv_heads + 1, n);
+  for (int64_t i = n - 1; i >= 0; --i) first[tasks[i].seq * geo.kv_heads + tasks[i].head] = i;
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, seqs * geo.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(d);
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t lo = first[pair], hi = first[pair + 1];
+      for (int64_t g = 0; g < geo.group; ++g) {
+        float peak = -std::numeric_limits<float>::infinity(), total = 0.f;
+        for (int64_t i = lo; i < hi; ++i) peak = std::max(peak, maxima[i * geo.group + g]);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t i = lo; i < hi; ++i) {
+          const float w = std::exp(maxima[i * geo.group + g] - peak);
+          total += w * sums[i * geo.group + g];
+          const float* src = &partial[i * gd + g * d];
+          for (int64_t j = 0; j < d; ++j) acc[j] += w * src[j];
         }
+        T* dst = op + (pair * geo.group + g) * d;  // pair = seq * kv_heads + head: heads of a group are adjacent
+        for (int64_t j = 0; j < d; ++j) dst[j] = static_cast<T>(acc[j] / total);
       }
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = 0; i < head_dim; ++i)
-          op[(s * num_heads + h * group + g) * head_dim + i] = static_cast<T>(acc[g * head_dim + i]);
     }
   });
 }
@@ -79,12 +202,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [seqs, heads, head_dim]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches must be contiguous [kv_heads, blocks, block_size, head_dim]");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q and the caches must have one dtype");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "block tables and lengths must be int64");
   TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "heads must be a multiple of kv heads");
   auto out = at::empty_like(q);
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
+  TORCH_CHECK(lens.numel() == q.size(0) && (lens.numel() == 0 || lens.min().item<int64_t>() >= 1),
+              "every decode attends to at least one key");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
     decode_kernel<scalar_t>(q, k_cache, v_cache, tables, lens, scale, out);
   });

@@ -1,0 +1,56 @@
+// AVX2 helpers the kernels share. TRITONLLM_AVX2 is defined when the translation unit is compiled with
+// AVX2+FMA (cpu_kernels.py builds one variant per instruction set); without it the kernels run portable loops.
+#pragma once
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TRITONLLM_AVX2 1
+#endif
+
+namespace simd {
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <typename T>
+inline float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+// Element types the AVX2 loads below read (others take the portable loops).
+template <typename T>
+inline constexpr bool kVectorLoad = std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>;
+
+#ifdef TRITONLLM_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The horizontal sums of eight vectors, as one vector: lane j = sum of a[j]'s lanes.
+inline __m256 hsum8(const __m256* a) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) { return load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+#endif
+
+}  // namespace simd
