@@ -21,7 +21,7 @@ from tritonllm.engine import EngineConfig
 from tritonllm.engine_format import read_build_info
 from tritonllm.model.args import UnsupportedModelError
 from tritonllm.precision import TORCH_QUANTIZATIONS
-from tritonllm.triton.models import engine_config
+from tritonllm.triton.models.tensorrt_llm import engine_config
 
 NUM_PROMPTS, MAX_NEW = 12, 16
 # Mean fraction of greedy tokens before the first divergence from unquantized HF, on the tiny random

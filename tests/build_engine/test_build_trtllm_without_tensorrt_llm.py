@@ -30,7 +30,7 @@ from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
 from tritonllm.engine.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
 from tritonllm.engine_format import engine_backend, engine_defaults, read_build_info
-from tritonllm.triton.models import engine_config
+from tritonllm.triton.models.tensorrt_llm import engine_config
 
 WAIT_S = 10.0
 

@@ -12,7 +12,8 @@ import pytest
 from tritonllm.engine import EngineConfig
 from tritonllm.engine.serving import ServingEngine
 from tritonllm.triton.metrics import HISTOGRAMS, MetricsReporter
-from tritonllm.triton.models import BLSModel, PostprocessingModel, PreprocessingModel, engine_config
+from tritonllm.triton.models import BLSModel, PostprocessingModel, PreprocessingModel
+from tritonllm.triton.models.tensorrt_llm import engine_config
 from tritonllm.triton.tensors import RequestError, from_word_list
 from tritonllm.triton.text import TextCodec
 

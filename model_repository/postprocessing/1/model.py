@@ -1,4 +1,4 @@
-"""Triton model: see tritonllm.triton.models.PostprocessingModel."""
+"""Triton model: see tritonllm.triton.models.postprocessing.PostprocessingModel."""
 
 from tritonllm.triton.models import PostprocessingModel as TritonPythonModel
 

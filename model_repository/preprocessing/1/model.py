@@ -1,4 +1,4 @@
-"""Triton model: see tritonllm.triton.models.PreprocessingModel."""
+"""Triton model: see tritonllm.triton.models.preprocessing.PreprocessingModel."""
 
 from tritonllm.triton.models import PreprocessingModel as TritonPythonModel
 

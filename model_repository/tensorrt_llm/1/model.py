@@ -1,4 +1,4 @@
-"""Triton model: see tritonllm.triton.models.EngineModel."""
+"""Triton model: see tritonllm.triton.models.tensorrt_llm.EngineModel."""
 
 from tritonllm.triton.models import EngineModel as TritonPythonModel
 

@@ -1,4 +1,4 @@
-"""Triton model: see tritonllm.triton.models.BLSModel."""
+"""Triton model: see tritonllm.triton.models.tensorrt_llm_bls.BLSModel."""
 
 from tritonllm.triton.models import BLSModel as TritonPythonModel
 
