@@ -17,6 +17,7 @@ from tritonllm.openai.limits import ConcurrencyGate, KeyLimiter, TokenBucket
 from tritonllm.openai.output import Delta, OutputAssembler, StopFilter
 from tritonllm.openai.protocol import PromptEncoder, RequestTranslator
 from tritonllm.openai.responses import ResponseBuilder
+from tritonllm.openai.tools import NO_PARAMETERS, tool_plan
 
 # Keys and auth.
 
@@ -212,7 +213,10 @@ def test_completion_errors_name_the_parameter(translator, body: dict, status: in
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            "tools[0].function",
+        ),
         (
             {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2, "logprobs": True},
             "top_logprobs",
@@ -317,3 +321,166 @@ def test_request_deadline_raises_at_the_next_piece_and_closes_the_stream() -> No
 
     assert asyncio.run(run()) == ["a"]
     assert closed == [True]  # the inner stream (the gRPC call) was closed
+
+
+# Tool calls.
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER},
+    },
+    {"type": "function", "function": {"name": "ping"}},  # no parameters: arguments are exactly {}
+]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def wide() -> RequestTranslator:
+    """Room for a system note describing the tools."""
+    return RequestTranslator(
+        PromptEncoder(build_tokenizer(add_bos=True)), max_model_len=512, served_model="m"
+    )
+
+
+def test_named_tool_choice_becomes_the_tools_schema_guide_and_a_system_note(wide) -> None:
+    gen = wide.chat({"model": "m", "messages": HI, "tools": TOOLS, "tool_choice": NAMED, "max_tokens": 8})
+    assert gen.inputs["guided_decoding_guide_type"] == "json_schema"
+    assert json.loads(gen.inputs["guided_decoding_guide"]) == WEATHER
+    assert gen.tools is not None and gen.tools.name == "get_weather"
+    assert gen.tools.param == "tools[0].function.parameters"
+    # The tiny template has no `tools` variable: the function and its schema go in a system note.
+    assert not wide.encoder.template_has_tools
+    assert gen.prompt.startswith("system\nCall the function get_weather (Weather). Reply with its arguments")
+    assert json.dumps(WEATHER) in gen.prompt and "ping" not in gen.prompt
+    plain = wide.chat({"model": "m", "messages": HI, "tools": TOOLS, "tool_choice": "none", "max_tokens": 8})
+    assert (
+        plain.tools is None
+        and "guided_decoding_guide" not in plain.inputs
+        and "get_weather" not in plain.prompt
+    )
+
+
+def test_required_tool_choice_is_an_any_of_over_name_and_parameters(wide) -> None:
+    gen = wide.chat(
+        {"model": "m", "messages": HI, "tools": TOOLS, "tool_choice": "required", "max_tokens": 8}
+    )
+    schema = json.loads(gen.inputs["guided_decoding_guide"])
+    branches = schema["anyOf"]
+    assert [b["properties"]["name"] for b in branches] == [{"const": "get_weather"}, {"const": "ping"}]
+    assert [b["properties"]["parameters"] for b in branches] == [WEATHER, NO_PARAMETERS]
+    assert all(
+        b["required"] == ["name", "parameters"] and b["additionalProperties"] is False for b in branches
+    )
+    assert gen.tools.param == "tools" and "get_weather" in gen.prompt and "ping" in gen.prompt
+
+
+def test_a_template_with_tools_renders_them_instead_of_the_note() -> None:
+    tokenizer = build_tokenizer(add_bos=True)
+    tokenizer.chat_template = (
+        "{% for t in tools or [] %}tool {{ t['function']['name'] }}\n{% endfor %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    encoder = PromptEncoder(tokenizer)
+    assert encoder.template_has_tools
+    gen = RequestTranslator(encoder, 64, "m").chat(
+        {"model": "m", "messages": HI, "tools": TOOLS, "tool_choice": NAMED}
+    )
+    assert gen.prompt.startswith("tool get_weather\ntool ping\nuser: Hi")
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
+        ({"tools": TOOLS}, "tool_choice"),  # "auto" is OpenAI's default when tools are sent
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": {"get_weather": WEATHER}, "tool_choice": "required"}, "tools"),
+        ({"tools": [{"type": "retrieval"}], "tool_choice": "required"}, "tools[0].type"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "a b"}}], "tool_choice": "required"},
+            "tools[0].function.name",
+        ),
+        ({"tools": [TOOLS[0], TOOLS[0]], "tool_choice": "required"}, "tools"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+                "tool_choice": "required",
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        ({"tools": TOOLS, "tool_choice": NAMED, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"functions": [{"name": "f"}], "function_call": {"name": "f"}}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+    ],
+)
+def test_tool_errors_name_the_parameter(wide, extra: dict, param: str) -> None:
+    assert _param_of(lambda: wide.chat({"model": "m", "messages": HI, **extra})) == (400, param)
+
+
+def _join(deltas: list[dict]) -> str:
+    return "".join(d["function"]["arguments"] for d in deltas)
+
+
+@pytest.mark.parametrize("cuts", [1, 3, 7, 100])
+def test_tool_call_stream_deltas_join_to_the_whole_call(cuts: int) -> None:
+    required = tool_plan({"tools": TOOLS, "tool_choice": "required"})
+    named = tool_plan({"tools": TOOLS, "tool_choice": NAMED})
+    cases = [
+        (named, '{"city": "Pa}ris "}', "get_weather", '{"city": "Pa}ris "}'),
+        (
+            required,
+            '{"name": "get_weather", "parameters": {"city": "Pa}ris"}}',
+            "get_weather",
+            '{"city": "Pa}ris"}',
+        ),
+        (required, '{"name": "ping", "parameters": {}}', "ping", "{}"),
+    ]
+    for plan, text, name, arguments in cases:
+        stream = plan.stream()
+        deltas = stream.opening()
+        for i in range(0, len(text), cuts):
+            deltas += stream.push(text[i : i + cuts])
+        deltas += stream.finish(complete=True)
+        assert deltas[0]["id"].startswith("call_") and deltas[0]["function"]["name"] == name
+        assert deltas[0]["type"] == "function" and all(set(d) == {"index", "function"} for d in deltas[1:])
+        assert _join(deltas) == arguments
+        whole = plan.stream()
+        whole.push(text)
+        assert whole.whole(complete=True)[0]["function"] == {"name": name, "arguments": arguments}
+    assert required.stream().finish_reason("stop") == "stop"  # no call read: not "tool_calls"
+
+
+def test_tool_call_cut_by_max_tokens_keeps_the_partial_arguments() -> None:
+    required = tool_plan({"tools": TOOLS, "tool_choice": "required"})
+    stream = required.stream()
+    stream.push('{"name": "get_weather", "parameters": {"city": "Par')
+    calls = stream.whole(complete=False)
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Par'}
+    assert stream.finish_reason("length") == "length" and stream.finish_reason("stop") == "tool_calls"
+    headless = required.stream()
+    headless.push('{"name": "get_w')
+    assert headless.whole(complete=False) is None  # no name yet: the text is returned as content
+
+
+def test_tool_call_response_shapes() -> None:
+    builder = ResponseBuilder("chat", "m", logprobs=False)
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    whole = builder.whole("{}", "stop", [], [], {"prompt_tokens": 1}, [call])
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": None, "tool_calls": [call]}
+    first = builder.chunk(Delta(""), first=True, tool_calls=[{"index": 0, **call}])
+    assert first["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"index": 0, **call}],
+    }
+    later = builder.chunk(Delta('{"a'), tool_calls=[{"index": 0, "function": {"arguments": '{"a'}}])
+    assert later["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"a'}}]}

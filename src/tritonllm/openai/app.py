@@ -30,6 +30,7 @@ from tritonllm.openai.metrics import FrontDoorMetrics
 from tritonllm.openai.output import Delta, OutputAssembler
 from tritonllm.openai.protocol import GenerationRequest, PromptEncoder, RequestTranslator
 from tritonllm.openai.responses import SSE_DONE, ResponseBuilder, sse, usage
+from tritonllm.openai.tools import ToolCallStream
 from tritonllm.openai.triton import TritonBackend
 
 log = logging.getLogger(__name__)
@@ -239,6 +240,10 @@ class FrontDoor:
                     out.add(piece)
                     if out.stopped:
                         break
+        except APIError as exc:
+            if gen.tools is not None and exc.param == "response_format":  # the tool's schema, not ours
+                exc.param = gen.tools.param
+            raise
         except TimeoutError:
             raise APIError(
                 504,
@@ -256,7 +261,13 @@ class FrontDoor:
             raise APIError(status, message, type="server_error", code=reason, reason=reason)
         text = (gen.prompt if gen.echo else "") + out.text
         use = usage(gen.prompt_tokens, out.completion_tokens)
-        return web.json_response(builder.whole(text, reason, out.logprobs, out.token_texts, use))
+        tool_calls = None
+        if gen.tools is not None:
+            calls = gen.tools.stream()
+            calls.push(text)
+            tool_calls = calls.whole(complete=reason != "length")
+            reason = calls.finish_reason(reason)
+        return web.json_response(builder.whole(text, reason, out.logprobs, out.token_texts, use, tool_calls))
 
     async def _stream(
         self,
@@ -270,12 +281,15 @@ class FrontDoor:
         first = await anext(pieces, None)  # an error here still gets its own status
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
+        calls = gen.tools.stream() if gen.tools is not None else None
         try:
             opening = gen.prompt if gen.echo else ""
-            if gen.kind == "chat" or opening:
+            if calls is not None:
+                await response.write(sse(builder.chunk(Delta(""), first=True, tool_calls=calls.opening())))
+            elif gen.kind == "chat" or opening:
                 await response.write(sse(builder.chunk(Delta(opening), first=True)))
             try:
-                await self._stream_pieces(response, builder, out, timer, first, pieces)
+                await self._stream_pieces(response, builder, out, timer, first, pieces, calls)
             except APIError as exc:  # after the headers: an SSE error event, as OpenAI sends
                 await response.write(sse(exc.body()))
                 await response.write(SSE_DONE)
@@ -292,6 +306,8 @@ class FrontDoor:
                 await response.write(sse(APIError(status, message, type="server_error", code=reason).body()))
                 response[FINAL_STATUS] = status
             else:
+                if calls is not None:
+                    reason = await self._finish_calls(response, builder, calls, reason)
                 await response.write(sse(builder.chunk(Delta(""), finish_reason=reason)))
             if gen.include_usage:
                 await response.write(
@@ -304,6 +320,18 @@ class FrontDoor:
         return response
 
     @staticmethod
+    async def _finish_calls(
+        response: web.StreamResponse, builder: ResponseBuilder, calls: ToolCallStream, reason: str
+    ) -> str:
+        """The held-back end of the arguments; text that never formed a call goes out as content."""
+        tail = calls.finish(complete=reason != "length")
+        if tail:
+            await response.write(sse(builder.chunk(Delta(""), tool_calls=tail)))
+        if calls.name is None and calls.text:
+            await response.write(sse(builder.chunk(Delta(calls.text))))
+        return calls.finish_reason(reason)
+
+    @staticmethod
     async def _stream_pieces(
         response: web.StreamResponse,
         builder: ResponseBuilder,
@@ -311,16 +339,25 @@ class FrontDoor:
         timer: _Timer,
         first: Piece | None,
         pieces: AsyncIterator[Piece],
+        calls: ToolCallStream | None = None,
     ) -> None:
         piece = first
         while piece is not None:
             timer.piece(piece)
             delta = out.add(piece)
-            if delta.text or delta.logprobs:
+            if calls is not None:  # a forced tool call: the text becomes tool_calls deltas
+                tool_deltas = calls.push(delta.text)
+                if tool_deltas or delta.logprobs:
+                    await response.write(sse(builder.chunk(delta, tool_calls=tool_deltas)))
+            elif delta.text or delta.logprobs:
                 await response.write(sse(builder.chunk(delta)))
             if out.stopped:
                 return
             piece = await anext(pieces, None)
         tail = out.finish()
-        if tail.text:
+        if calls is not None:
+            tool_deltas = calls.push(tail.text)
+            if tool_deltas:
+                await response.write(sse(builder.chunk(tail, tool_calls=tool_deltas)))
+        elif tail.text:
             await response.write(sse(builder.chunk(tail)))

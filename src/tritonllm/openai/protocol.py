@@ -3,7 +3,8 @@
 Every rejection names the parameter at fault. The prompt is tokenized here with the model's own
 tokenizer exactly as the BLS tokenizes `text_input`, so `usage.prompt_tokens` is exact and a prompt
 too long for the model is refused with the limit before it reaches the engine. Chat requests are
-rendered with the model's chat template into the text sent as `text_input`.
+rendered with the model's chat template into the text sent as `text_input`. A forced tool call
+(`tools` + a named or "required" `tool_choice`, see `tools.py`) becomes a JSON-schema guide.
 
 vLLM's extensions `top_k`, `min_tokens`, `ignore_eos` and `repetition_penalty` are accepted.
 `ignore_eos` is sent as `min_tokens = max_tokens` (the BLS has no such input; end ids are masked
@@ -14,12 +15,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import jinja2
+from jinja2 import meta
 from transformers import PreTrainedTokenizerBase
 
 from tritonllm.openai.errors import APIError, invalid, unsupported
+from tritonllm.openai.tools import ToolPlan, tool_plan
 
 UINT64_MAX = 2**64 - 1
 MAX_STOP_STRINGS = 16
@@ -74,6 +79,7 @@ class GenerationRequest:
     echo: bool = False
     stop: tuple[str, ...] = ()
     inputs: dict[str, Any] = field(default_factory=dict)  # tensorrt_llm_bls inputs by name
+    tools: ToolPlan | None = None  # a forced tool call: the output is read back as `tool_calls`
 
 
 class PromptEncoder:
@@ -87,16 +93,43 @@ class PromptEncoder:
         # with it; the template's is dropped so the ids equal apply_chat_template(tokenize=True)'s.
         self._strip_bos = bos if bos and ids and ids[0] == tokenizer.bos_token_id else None
 
+        self.template_has_tools = _template_reads_tools(tokenizer.chat_template)
+
     def count(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, str]], tools: ToolPlan | None = None) -> str:
+        """The prompt text; a forced tool call shows its tools via the template or a system note."""
         if not self.tokenizer.chat_template:
             raise invalid("messages", "this model has no chat template: use /v1/completions")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        extra: dict[str, Any] = {}
+        if tools is not None and self.template_has_tools:
+            extra["tools"] = [t.openai() for t in tools.tools]
+        elif tools is not None:
+            messages = _with_system_note(messages, tools.system_note())
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **extra
+        )
         if self._strip_bos and text.startswith(self._strip_bos):
             text = text[len(self._strip_bos) :]
         return text
+
+
+def _template_reads_tools(template: str | None) -> bool:
+    """Whether a chat template renders a `tools` variable (then tools go to the template)."""
+    if not template:
+        return False
+    try:
+        return "tools" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:  # custom tags (e.g. {% generation %}): a plain look for the name
+        return re.search(r"\btools\b", template) is not None
+
+
+def _with_system_note(messages: list[dict[str, str]], note: str) -> list[dict[str, str]]:
+    """The note appended to the system message, or as a new first system message."""
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{note}"}, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float, integer: bool = False) -> Any:
@@ -145,12 +178,8 @@ def _reject_unsupported(body: dict[str, Any], allowed: set[str]) -> None:
         raise unsupported("logit_bias")
     if body.get("suffix"):
         raise unsupported("suffix")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise unsupported(name, "tool calls are not supported by this server")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none", "auto"):
-            raise unsupported(name, "tool calls are not supported by this server")
+    if not isinstance(body.get("parallel_tool_calls", False), bool):  # accepted; one call is returned
+        raise invalid("parallel_tool_calls", "must be a boolean", "invalid_type")
 
 
 def _stream_options(body: dict[str, Any], stream: bool) -> bool:
@@ -177,7 +206,7 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if role not in CHAT_ROLES:
             raise invalid(f"{where}.role", f"must be one of {sorted(CHAT_ROLES)}, got {json.dumps(role)}")
         if message.get("tool_calls") or message.get("function_call"):
-            raise unsupported(f"{where}.tool_calls", "tool calls are not supported by this server")
+            raise unsupported(f"{where}.tool_calls", "earlier tool calls in messages are not supported")
         content = message.get("content")
         if isinstance(content, list):
             parts = []
@@ -252,7 +281,10 @@ class RequestTranslator:
     def chat(self, body: dict[str, Any]) -> GenerationRequest:
         _reject_unsupported(body, CHAT_FIELDS)
         self._check_model(body)
-        prompt = self.encoder.render_chat(_chat_messages(body))
+        tools = tool_plan(body)
+        if tools is not None and _guided_decoding(body):
+            raise invalid("response_format", "cannot be combined with a forced tool call (tool_choice)")
+        prompt = self.encoder.render_chat(_chat_messages(body), tools)
         logprobs = _bool(body, "logprobs")
         top = _number(body, "top_logprobs", 0, 20, integer=True)
         if top:
@@ -262,7 +294,8 @@ class RequestTranslator:
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
         request = self._build(body, "chat", prompt, "messages", logprobs, False, None)
-        request.inputs |= _guided_decoding(body)
+        request.inputs |= tools.guide_inputs() if tools is not None else _guided_decoding(body)
+        request.tools = tools
         return request
 
     def _check_model(self, body: dict[str, Any]) -> None:

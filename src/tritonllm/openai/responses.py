@@ -71,9 +71,14 @@ class ResponseBuilder:
         logprobs: list[float],
         token_texts: list[str],
         use: dict[str, int],
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """The whole reply; with `tool_calls` the message is a call and its `content` null."""
         choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(logprobs, token_texts)}
-        if self.kind == "chat":
+        if self.kind == "chat" and tool_calls:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+            obj = "chat.completion"
+        elif self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
             obj = "chat.completion"
         else:
@@ -82,11 +87,26 @@ class ResponseBuilder:
         choice["finish_reason"] = finish_reason
         return {**self._envelope(obj, [choice]), "usage": use}
 
-    def chunk(self, delta: Delta, finish_reason: str | None = None, first: bool = False) -> dict[str, Any]:
-        """A streamed chunk (`usage` is null in every chunk when usage is streamed separately)."""
+    def chunk(
+        self,
+        delta: Delta,
+        finish_reason: str | None = None,
+        first: bool = False,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """A streamed chunk (`usage` is null in every chunk when usage is streamed separately).
+
+        `tool_calls` (a list, maybe empty) marks a tool-call reply: its deltas go in `delta.tool_calls`
+        and the first chunk's `content` is null, as OpenAI streams a call."""
         choice: dict[str, Any] = {"index": 0}
-        if self.kind == "chat":
-            content: dict[str, Any] = {"role": "assistant", "content": delta.text} if first else {}
+        if self.kind == "chat" and tool_calls is not None:
+            content: dict[str, Any] = {"role": "assistant", "content": None} if first else {}
+            if tool_calls:
+                content["tool_calls"] = tool_calls
+            choice["delta"] = content
+            obj = "chat.completion.chunk"
+        elif self.kind == "chat":
+            content = {"role": "assistant", "content": delta.text} if first else {}
             if delta.text and not first:
                 content["content"] = delta.text
             choice["delta"] = content
