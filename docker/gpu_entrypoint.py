@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonllm.precision import QUANTIZATIONS  # what build_engines/build.py accepts
-from tritonllm.triton.launcher import ADMIN_HEADER, RESTRICTED  # the same admin restriction as `launch`
+from tritonllm.triton.server import ADMIN_HEADER, RESTRICTED  # the same admin restriction as `launch`
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 BUILD_SCRIPT = "/opt/tritonllm/build_engines/build.py"

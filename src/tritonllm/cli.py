@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_common(gen)
     serve = sub.add_parser("serve", help="interactive chat with the engine (one prompt per line)")
     _add_common(serve)
-    from tritonllm.triton.launcher import add_arguments, launch, options_from_args
+    from tritonllm.triton.launcher import launch
+    from tritonllm.triton.options import add_arguments, options_from_args
 
     add_arguments(
         sub.add_parser("launch", help="serve the model on Triton Inference Server (HTTP, gRPC, metrics)")

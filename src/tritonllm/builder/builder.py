@@ -122,7 +122,7 @@ def build(options: BuildOptions) -> Path:
 
 
 def check_repository(repository: Path) -> None:
-    from tritonllm.triton.launcher import MARKER
+    from tritonllm.triton.repository import MARKER
 
     if repository.is_dir() and any(repository.iterdir()) and not (repository / MARKER).exists():
         raise BuildError(f"--model-repository {repository} is not empty and was not written by tritonllm")
@@ -130,7 +130,8 @@ def check_repository(repository: Path) -> None:
 
 def write_model_repository(engine_dir: Path, repository: Path, limits: Limits) -> Path:
     """A ready-to-serve Triton model repository for the engine (the launcher's templates)."""
-    from tritonllm.triton.launcher import LaunchOptions, render_repository
+    from tritonllm.triton.options import LaunchOptions
+    from tritonllm.triton.repository import render_repository
 
     options = LaunchOptions(
         model=str(engine_dir), repository=str(repository), max_batch_size=limits.max_batch_size

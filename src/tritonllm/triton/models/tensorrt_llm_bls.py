@@ -14,7 +14,6 @@ import numpy as np
 
 from tritonllm.triton import tensors
 from tritonllm.triton.bridge import Outputs
-from tritonllm.triton.launcher import ENGINE_MODEL
 from tritonllm.triton.models.common import (
     SenderChannel,
     checked_parameters,
@@ -25,6 +24,7 @@ from tritonllm.triton.models.common import (
     wants_chat,
 )
 from tritonllm.triton.models.preprocessing import PreprocessingModel
+from tritonllm.triton.repository import ENGINE_MODEL
 from tritonllm.triton.tensors import RequestError
 from tritonllm.triton.text import TextCodec
 
