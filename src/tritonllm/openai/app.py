@@ -241,8 +241,9 @@ class FrontDoor:
                     if out.stopped:
                         break
         except APIError as exc:
-            if gen.tools is not None and exc.param == "response_format":  # the tool's schema, not ours
+            if gen.tools is not None and exc.param == "response_format":  # the guide is the tool's schema
                 exc.param = gen.tools.param
+                exc.message = f"{exc.param}: the schema is invalid ({exc.message})"
             raise
         except TimeoutError:
             raise APIError(
