@@ -24,7 +24,8 @@ help:
 
 venv: $(STAMP)
 
-# The client and the load test are their own light packages (no torch), installed here too.
+# The client and the load test are their own light packages (no torch), installed here too: the tests
+# use both, and Locust comes with the load test, not with the server.
 $(STAMP): pyproject.toml client/pyproject.toml loadtest/pyproject.toml
 	@missing=""; \
 	[ -x $(SYSTEM_PYTHON) ] || missing="$$missing python3.11"; \
