@@ -34,8 +34,9 @@ MAX_PERPLEXITY_RATIO = {
     ("float32", "fp8"): 1.07,
 }
 # Mean fraction of greedy tokens before the first divergence (measured: bf16 vs HF bf16 0.60, int8 vs
-# HF fp32 0.79); 16 tokens of 6 prompts, so one early near-tie moves it by ~0.05.
-MIN_AGREEMENT = {"bf16_vs_hf_bf16": 0.5, "int8_vs_hf": 0.7}
+# HF fp32 0.70 with the int8 lm_head, 0.79 with a bf16 one; on 13 other prompts x 24 tokens the two heads
+# measured 0.70 and 0.71); 16 tokens of 6 prompts, so one early near-tie moves it by ~0.05.
+MIN_AGREEMENT = {"bf16_vs_hf_bf16": 0.55, "int8_vs_hf": 0.65}
 
 
 @pytest.fixture(scope="module")

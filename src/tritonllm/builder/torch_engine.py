@@ -3,7 +3,7 @@
 `<linear>.weight` is stored as int8 (int8_wo, int8) or float8_e4m3fn (fp8) with `<linear>.weight_scale`
 (fp32: one per output channel, or [out, in/32] per block of 32 for int8), computed by the same functions
 the engine uses when it quantizes at load, so an engine directory runs exactly like quantizing the HF
-checkpoint at start, minus the work. Quantizations in BF16_HEAD store `lm_head.weight` in bf16.
+checkpoint at start, minus the work.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from tritonllm.engine_format import SCALE_SUFFIX
 from tritonllm.model.loader import TORCH_DTYPES
-from tritonllm.model.quant import BF16_HEAD, QUANTIZERS
+from tritonllm.model.quant import QUANTIZERS
 
 WEIGHTS_FILE = "model.safetensors"
 SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -45,9 +45,7 @@ def convert(src: Path, dest: Path, dtype: str, quantization: str) -> None:
     out: dict[str, torch.Tensor] = {}
 
     def put(name: str, tensor: torch.Tensor) -> None:
-        if name == "lm_head.weight" and quantization in BF16_HEAD:
-            out[name] = tensor.to(torch.bfloat16).contiguous()
-        elif quantize is not None and is_linear_weight(name):
+        if quantize is not None and is_linear_weight(name):
             out[name], out[name + SCALE_SUFFIX] = quantize(tensor.to(torch_dtype))
         else:
             out[name] = tensor.to(torch_dtype).contiguous()

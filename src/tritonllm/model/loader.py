@@ -17,7 +17,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from tritonllm.engine_format import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.llama import DecoderLayer, LlamaModel
-from tritonllm.model.quant import make_linear, make_lm_head, prequantized_linear
+from tritonllm.model.quant import make_linear, prequantized_linear
 from tritonllm.precision import DTYPES
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES if name != "auto"}
@@ -107,13 +107,13 @@ def load_model(
     embed = take("model.embed_tokens.weight")
     if prequantized and "lm_head.weight" + SCALE_SUFFIX in tensors:  # stored quantized, tied or not
         lm_head = linear(["lm_head"], False)
-    elif prequantized:  # stored in bf16 (quantizations that keep the head at higher precision)
-        lm_head = make_lm_head(tensors.pop("lm_head.weight").to(device), built)
+    elif prequantized:  # stored unquantized (int8 engine directories built before the head was int8)
+        lm_head = make_linear(tensors.pop("lm_head.weight").to(device), None, built)
     else:
         lm_weight = embed if args.tie_word_embeddings else take("lm_head.weight", required=False)
         if lm_weight is None:  # some checkpoints tie without saying so
             lm_weight = embed
-        lm_head = make_lm_head(lm_weight, quantization)
+        lm_head = make_linear(lm_weight, None, quantization)
     hf_config = AutoConfig.from_pretrained(path)
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[args.rope_type](hf_config, device)
     model = LlamaModel(args, embed, layers, take("model.norm.weight"), lm_head, inv_freq, attention_scaling)

@@ -2,7 +2,8 @@
 
 - `int8`: int8 weights in blocks of 32 with one scale each, times int8 activations quantized per token
   and block on the fly (llama.cpp's q8_0 arithmetic), through the project's CPU kernel (`csrc/linear.cpp`);
-  the lm_head stays in bf16, as llama.cpp keeps its output layer at higher precision.
+  the lm_head too (as in llama.cpp's q8_0 files): on SmolLM2 an int8 head moved perplexity by 0.02%
+  against a bf16 one, and reads 32 MB per step instead of 57 (a sixth of what batch 1 reads).
 - `int8_wo`: int8 weights per output channel through PyTorch's int8-weight matmul (weight-only; slower
   than `int8` at every batch size here, kept for engine directories built with it).
 - `fp8`: weights rounded to e4m3 and expanded at load (FP8's accuracy, the compute dtype's speed).
@@ -109,8 +110,6 @@ def quantize_int8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 QUANTIZERS = {"int8_wo": quantize_int8, "fp8": quantize_fp8, "int8": quantize_int8_blocks}
-# Quantizations whose lm_head is stored in bf16 rather than quantized (its error reaches every logit).
-BF16_HEAD = frozenset({"int8"})
 
 
 class Int8Linear(nn.Module):
@@ -198,13 +197,6 @@ LINEAR_TYPES = {"none": plain_linear, "int8_wo": int8_linear, "fp8": fp8_linear,
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str) -> nn.Module:
     return LINEAR_TYPES[quantization](weight, bias)
-
-
-def make_lm_head(weight: torch.Tensor, quantization: str) -> nn.Module:
-    """The output layer: bf16 for the quantizations in BF16_HEAD, else like the other linears."""
-    if quantization in BF16_HEAD:
-        return Bf16Linear(weight) if cpu_kernels(weight.device) is not None else Linear(weight)
-    return make_linear(weight, None, quantization)
 
 
 def prequantized_linear(
