@@ -1,5 +1,5 @@
 """The front door's parts without a server: keys and auth rules, token buckets, the concurrency gate,
-stop strings, request validation (with a real trained tokenizer) and response objects."""
+stop strings, request validation (with a real trained tokenizer), forced tool calls and response objects."""
 
 from __future__ import annotations
 
