@@ -75,3 +75,21 @@ def test_int8_linear_fallback_without_kernels(monkeypatch: pytest.MonkeyPatch) -
     fallback = BlockInt8Linear(*quantize_int8_blocks(w))
     assert fallback.weight.dtype == torch.float32
     torch.testing.assert_close(fallback(x), with_kernel(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
+def test_prefill_sized_batches_take_blas_with_the_kernels_answer(
+    monkeypatch: pytest.MonkeyPatch, activations: torch.dtype
+) -> None:
+    """From BLAS_MIN_TOKENS tokens both kernel-backed linears expand their weight for the BLAS GEMM: same
+    answer as the kernels' tile loop (which they use again when the threshold is raised)."""
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(40, 100, generator=gen)
+    x = torch.randn(quant.BLAS_MIN_TOKENS + 3, 100, generator=gen).to(activations)
+    layers = [BlockInt8Linear(*quantize_int8_blocks(w)), quant.Bf16Linear(w)]
+    blas = [layer(x) for layer in layers]
+    monkeypatch.setattr(quant, "BLAS_MIN_TOKENS", 10**9)
+    tolerance = 1e-4 if activations == torch.float32 else 2e-2
+    for layer, got in zip(layers, blas, strict=True):
+        assert got.dtype == activations
+        torch.testing.assert_close(got, layer(x), atol=tolerance, rtol=tolerance)
