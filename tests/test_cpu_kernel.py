@@ -96,3 +96,33 @@ def test_stale_build_lock_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyP
     stale.write_text("")
     with cpu_kernels.exclusive_build("tritonllm_stale_test", wait_s=5):
         assert not stale.exists()
+
+
+@pytest.mark.parametrize(("quantization", "dtype"), [("int8", "float32"), ("none", "bfloat16")])
+def test_fused_decode_layers_match_the_python_loop_to_the_bit(
+    tiny_llama_dir: Path, quantization: str, dtype: str
+) -> None:
+    """Decode-only steps run all layers in one C++ call (csrc/decode_stack.cpp): the same kernels in the same
+    order, so every decode step's logits equal the Python layer loop's exactly."""
+    engine = make_engine(tiny_llama_dir, quantization=quantization, dtype=dtype, max_num_seqs=4)
+    model = engine.runner.model
+    assert model.packed_layers is not None, "int8 and bf16 linears run on the kernels"
+    forward, differences = model.forward, []
+
+    def both_paths(input_ids, positions, meta, kv_caches, logits_indices):
+        fused = forward(input_ids, positions, meta, kv_caches, logits_indices)
+        if not meta.prefills:  # rerun the step through the loop (it rewrites the same cache slots)
+            model.fused_decode = False
+            looped = forward(input_ids, positions, meta, kv_caches, logits_indices)
+            model.fused_decode = True
+            differences.append((fused - looped).abs().max().item())
+        return fused
+
+    model.forward = both_paths
+    engine.generate(random_prompts(3, vocab=512, seed=5), greedy(6))
+    assert differences and max(differences) == 0.0
+
+
+def test_fp32_models_keep_the_python_loop(tiny_llama_dir: Path) -> None:
+    """Plain fp32 linears (oneDNN) do not run on the kernels: no packed layers, the loop runs."""
+    assert make_engine(tiny_llama_dir, dtype="float32").runner.model.packed_layers is None

@@ -27,8 +27,11 @@ import torch
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
-# The first includes the others (one translation unit).
-SOURCES = [CSRC / n for n in ("bindings.cpp", "layer_ops.cpp", "linear.cpp", "paged_attention.cpp", "simd.h")]
+# bindings.cpp includes the others (one translation unit); all of them are hashed into the build's name.
+SOURCES = [
+    CSRC / "bindings.cpp",
+    *sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h") and p.name != "bindings.cpp"),
+]
 # Compiler flags per variant; a variant runs only on CPUs whose capability includes it.
 ISA_FLAGS = {
     "generic": [],

@@ -7,6 +7,7 @@ transformers (fp32 RMSNorm, rotate-half RoPE) so greedy output matches it token 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 from tritonllm.model.args import ModelArgs
 from tritonllm.model.cpu_kernels import load_kernels
+from tritonllm.model.quant import blas_sized, kernel_tensors
 
 
 @dataclass
@@ -208,6 +210,21 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = attention_scaling
         self.ops = layer_ops(self.embed.device)
+        self.fused_decode = True  # decode-only steps through csrc/decode_stack.cpp where it can run them
+
+    @functools.cached_property
+    def packed_layers(self) -> list[list[torch.Tensor]] | None:
+        """Each layer's norms and linears as `decode_layers` takes them, or None when some linear does not
+        run on the CPU kernels (the Python loop then runs every step)."""
+        packed = []
+        for layer in self.layers:
+            linears = [
+                kernel_tensors(m) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+            ]
+            if any(t is None for t in linears):
+                return None
+            packed.append([layer.input_norm, layer.post_attention_norm, *[t for lin in linears for t in lin]])
+        return packed
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [T, head_dim], computed as HF does (fp32 product, then cast)."""
@@ -224,8 +241,32 @@ class LlamaModel(nn.Module):
         """Logits [S, vocab] in fp32 for the tokens at `logits_indices`."""
         x = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by the layers
         cos, sin = self.rope(positions, x.dtype)
-        delta = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
-            delta = layer(x, delta, cos, sin, kv_cache, meta)
+        kernels = load_kernels() if x.device.type == "cpu" else None
+        if (
+            self.fused_decode
+            and kernels is not None
+            and not meta.prefills
+            and not blas_sized(x)
+            and self.packed_layers
+        ):
+            a = self.args
+            delta = kernels.decode_layers(
+                x,
+                self.packed_layers,
+                cos,
+                sin,
+                meta.slot_mapping,
+                [k for k, _ in kv_caches],
+                [v for _, v in kv_caches],
+                meta.decode_block_tables,
+                meta.decode_context_lens,
+                a.rms_norm_eps,
+                a.num_heads,
+                self.layers[0].scale,
+            )
+        else:
+            delta = None
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
+                delta = layer(x, delta, cos, sin, kv_cache, meta)
         h = self.ops.add_rms_norm(x[logits_indices], delta[logits_indices], self.norm, self.args.rms_norm_eps)
         return self.lm_head(h).float()

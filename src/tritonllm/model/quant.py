@@ -174,6 +174,18 @@ class BlockInt8Linear(nn.Module):
         return y.to(x.dtype)
 
 
+def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
+    """[weight, scales, bias] of a linear that runs on the CPU kernels, as `csrc/decode_stack.cpp` takes
+    them (an empty tensor for none), or None for any other linear."""
+    if not isinstance(linear, BlockInt8Linear | Bf16Linear) or linear.kernels is None:
+        return None
+    scales = linear.scale if isinstance(linear, BlockInt8Linear) else NO_TENSOR
+    return [linear.weight, scales, NO_TENSOR if linear.bias is None else linear.bias]
+
+
+NO_TENSOR = torch.empty(0)
+
+
 def expand_int8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     n, padded = weight.shape
     return (weight.view(n, -1, INT8_BLOCK).float() * scale.float()[..., None]).view(n, padded)

@@ -3,10 +3,12 @@
 // The kernels are included as one translation unit: torch/extension.h is parsed once (a build takes
 // about a minute per instruction set on 2 cores; three units took three times that).
 #include <torch/extension.h>
+#include <pybind11/stl.h>
 
 #include "layer_ops.cpp"
 #include "linear.cpp"
 #include "paged_attention.cpp"
+#include "decode_stack.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
@@ -21,5 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &rope_and_cache, "RoPE on q and k of a fused qkv; k and v written to the paged cache",
         release());
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [T, 2F] projection", release());
+  m.def("decode_layers", &decode_layers, "all decoder layers of a decode-only step (the layer loop in C++)",
+        release());
   m.def("built_with_avx2", &built_with_avx2, "whether this build uses the AVX2 code paths");
 }
