@@ -36,7 +36,13 @@ TIMEOUT_S = 300.0
 
 
 def tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
-    dtype = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}[value.dtype]
+    dtype = {
+        np.dtype(object): "BYTES",
+        np.dtype(bool): "BOOL",
+        np.dtype(np.int32): "INT32",
+        np.dtype(np.float32): "FP32",
+        np.dtype(np.uint64): "UINT64",
+    }[value.dtype]
     t = grpcclient.InferInput(name, list(value.shape), dtype)
     t.set_data_from_numpy(value)
     return t

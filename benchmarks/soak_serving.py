@@ -60,6 +60,9 @@ def stub_rss_mb() -> float:
     raise RuntimeError("no tensorrt_llm stub found")
 
 
+UINT64_INPUTS = frozenset({"seed", "random_seed"})  # as NVIDIA's configs declare them
+
+
 def grpc_request(url: str, model: str, body: dict, cancel_after: int | None) -> str:
     """One gRPC stream; returns the outcome: ok, error, cancelled; raises on a protocol violation."""
     results: queue.Queue = queue.Queue()
@@ -77,6 +80,8 @@ def grpc_request(url: str, model: str, body: dict, cancel_after: int | None) -> 
             arr = np.array([[value]], dtype=bool)
         elif isinstance(value, float):
             arr = np.array([[value]], dtype=np.float32)
+        elif name in UINT64_INPUTS:
+            arr = np.array([[value]], dtype=np.uint64)
         else:
             arr = np.array([[value]], dtype=np.int32)
         inputs.append(tensor(name, arr))
@@ -204,8 +209,12 @@ def main() -> int:
                 return
             with lock:
                 outcomes[outcome] += 1
-                if sum(outcomes.values()) == warmup:
+                done = sum(outcomes.values())
+                if done == warmup:
                     rss["after_warmup_mb"] = stub_rss_mb()
+                if done % warmup == 0:  # progress every tenth
+                    print(f"{done}/{args.requests} requests, {time.perf_counter() - started:.0f} s, "
+                          f"{len(violations)} violations", file=sys.stderr, flush=True)  # fmt: skip
 
         with ThreadPoolExecutor(args.concurrency) as pool:
             list(pool.map(run, range(args.requests)))
