@@ -155,7 +155,6 @@ class BlockInt8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.kernels = cpu_kernels(weight.device)
-        self.in_features = weight.shape[1]
         if self.kernels is None:
             self.register_buffer("weight", expand_int8_blocks(weight, scale))
             self.register_buffer("scale", None)
@@ -174,6 +173,9 @@ class BlockInt8Linear(nn.Module):
         return y.to(x.dtype)
 
 
+NO_TENSOR = torch.empty(0)  # "none" in the tensor lists of csrc/decode_stack.cpp
+
+
 def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
     """[weight, scales, bias] of a linear that runs on the CPU kernels, as `csrc/decode_stack.cpp` takes
     them (an empty tensor for none), or None for any other linear."""
@@ -181,9 +183,6 @@ def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
         return None
     scales = linear.scale if isinstance(linear, BlockInt8Linear) else NO_TENSOR
     return [linear.weight, scales, NO_TENSOR if linear.bias is None else linear.bias]
-
-
-NO_TENSOR = torch.empty(0)
 
 
 def expand_int8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
