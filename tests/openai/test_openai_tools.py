@@ -1,5 +1,6 @@
-"""Forced tool calls and `response_format` through the OpenAI front door, with the official `openai`
-client, on the real Triton server with the real default model (SmolLM2-135M-Instruct).
+"""Forced tool calls, the tool loop's next turn (the call and its result sent back) and `response_format`
+through the OpenAI front door, with the official `openai` client, on the real Triton server with the
+real default model (SmolLM2-135M-Instruct).
 
 One Triton server and one front door (no keys: loopback) serve the module. The tiny random model of
 `test_openai_server.py` would satisfy the grammar too, but its arguments would be noise; the real model
@@ -54,6 +55,13 @@ TOOLS = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "set_timer": TIMER}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir: Path):
+    from tritonllm.tokenization import load_tokenizer
+
+    return load_tokenizer(str(smollm2_dir))
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +158,68 @@ def test_max_tokens_too_small_gives_length_and_partial_arguments(client: openai.
     assert arguments.startswith("{")
     with pytest.raises(ValueError):
         json.loads(arguments)
+
+
+def test_two_turn_tool_loop_ends_with_a_text_answer(client: openai.OpenAI, tokenizer) -> None:
+    """The openai SDK's loop: a forced call, the call message appended as returned plus the tool's
+    result, then a plain answer. SmolLM2's template has no tool support: the turns go as plain text."""
+    messages: list = ask("What's the weather in Paris?")
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice=NAMED, max_tokens=48, temperature=0
+    )
+    call_message = first.choices[0].message
+    (call,) = call_message.tool_calls
+    result = json.dumps({"city": "Paris", "temperature": 18, "unit": "celsius", "sky": "sunny"})
+    messages += [call_message, {"role": "tool", "tool_call_id": call.id, "content": result}]
+    params = dict(
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=40, temperature=0
+    )
+    second = client.chat.completions.create(**params)
+    answer = second.choices[0]
+    assert answer.message.tool_calls is None and answer.message.content.strip(), answer
+    assert answer.finish_reason in ("stop", "length")
+    assert "18" in answer.message.content, answer.message.content  # the result reached the model
+    rendered = [  # the documented plain-text form of the call and its result
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": f'{{"name": "get_weather", "parameters": {call.function.arguments}}}',
+        },
+        {"role": "user", "content": f"Result of get_weather: {result}"},
+    ]
+    ids = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
+    assert second.usage.prompt_tokens == len(ids)
+    chunks = list(client.chat.completions.create(**params, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == answer.message.content
+
+
+def test_tool_loop_errors_name_the_message_and_field(client: openai.OpenAI) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    turn = [*ask("Weather?"), {"role": "assistant", "content": None, "tool_calls": [call]}]
+    cases = [
+        ([*turn, {"role": "tool", "tool_call_id": "call_2", "content": "sunny"}], "messages[2].tool_call_id"),
+        ([*turn, {"role": "tool", "content": "sunny"}], "messages[2].tool_call_id"),
+        (
+            [*ask("Hi"), {"role": "tool", "tool_call_id": "call_1", "content": "x"}],
+            "messages[1].tool_call_id",
+        ),
+        ([*turn, *ask("And now?")], "messages[1].tool_calls"),
+        (
+            [
+                *ask("Weather?"),
+                {"role": "assistant", "content": None, "tool_calls": [{"function": call["function"]}]},
+            ],
+            "messages[1].tool_calls[0].id",
+        ),
+    ]
+    for messages, param in cases:
+        error = _error(
+            lambda messages=messages: client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=8
+            )
+        )
+        assert error.status_code == 400 and error.body["param"] == param, (messages, error.body)
+        assert error.body["type"] == "invalid_request_error"
 
 
 def test_tool_errors_name_the_parameter(client: openai.OpenAI) -> None:

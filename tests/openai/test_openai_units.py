@@ -1,5 +1,6 @@
 """The front door's parts without a server: keys and auth rules, token buckets, the concurrency gate,
-stop strings, request validation (with a real trained tokenizer), forced tool calls and response objects."""
+stop strings, request validation (with a real trained tokenizer), forced tool calls, tool-loop turns
+(validation and rendering) and response objects."""
 
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def test_completion_errors_name_the_parameter(translator, body: dict, status: in
     ("body", "param"),
     [
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
         (
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
@@ -484,3 +486,100 @@ def test_tool_call_response_shapes() -> None:
     }
     later = builder.chunk(Delta('{"a'), tool_calls=[{"index": 0, "function": {"arguments": '{"a'}}])
     assert later["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"a'}}]}
+
+
+# Tool-loop turns: the call sent back, then its result.
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+LOOP = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},  # as the openai SDK sends it back
+    {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "18 C, sunny"}]},
+]
+
+
+def test_tool_loop_turns_become_plain_text_for_a_template_without_tool_support(wide) -> None:
+    assert not wide.encoder.template_has_tool_turns  # the tiny template, like SmolLM2's
+    two = {**CALL, "id": "call_2", "function": {"name": "ping", "arguments": "{}"}}
+    messages = [
+        LOOP[0],
+        {"role": "assistant", "content": "Checking.", "tool_calls": [CALL, two]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "pong"},  # any order within the turn
+        LOOP[2],
+        {"role": "assistant", "content": "It is 18 C."},
+        {"role": "user", "content": "Thanks"},
+    ]
+    gen = wide.chat({"model": "m", "messages": messages, "max_tokens": 8})
+    assert gen.prompt == (
+        "user\nWeather in Paris?</s>\n"
+        '<s>assistant\nChecking.\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n'
+        '{"name": "ping", "parameters": {}}</s>\n'
+        "<s>user\nResult of ping: pong\nResult of get_weather: 18 C, sunny</s>\n"
+        "<s>assistant\nIt is 18 C.</s>\n<s>user\nThanks</s>\n<s>assistant\n"
+    )  # the tokenizer's own BOS comes first, as for any chat prompt
+    assert gen.prompt_tokens == wide.encoder.count(gen.prompt)
+    cut = {**CALL, "function": {"name": "get_weather", "arguments": '{"city": "Pa'}}  # cut by max_tokens
+    messages = [LOOP[0], {"role": "assistant", "tool_calls": [cut]}, LOOP[2]]
+    assert (
+        '{"name": "get_weather", "parameters": "{\\"city\\": \\"Pa"}'
+        in wide.chat({"model": "m", "messages": messages, "max_tokens": 8}).prompt
+    )
+
+
+def test_a_template_with_tool_turns_renders_calls_and_results() -> None:
+    tokenizer = build_tokenizer(add_bos=True)
+    tokenizer.chat_template = (  # the shape of Qwen2.5's: calls with their arguments as JSON, tool results
+        "{% for m in messages %}{% if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>\n"
+        "{% elif m.tool_calls %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls %}"
+        "<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}</tool_call>{% endfor %}\n"
+        "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
+    )
+    encoder = PromptEncoder(tokenizer)
+    assert encoder.template_has_tool_turns
+    gen = RequestTranslator(encoder, 256, "m").chat({"model": "m", "messages": LOOP, "max_tokens": 8})
+    # (HF's trim_blocks drops the newline after the calls' endfor.)
+    assert gen.prompt == (
+        "user: Weather in Paris?\n"
+        'assistant: <tool_call>get_weather {"city": "Paris"}</tool_call>'
+        "<tool_response>18 C, sunny</tool_response>\n"
+    )
+
+
+def _with(index: int, **fields) -> list[dict]:
+    messages = [dict(m) for m in LOOP]
+    messages[index] = {k: v for k, v in {**messages[index], **fields}.items() if v is not ...}
+    return messages
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        (_with(2, tool_call_id="call_9"), "messages[2].tool_call_id"),  # matches no earlier call
+        (_with(2, tool_call_id=...), "messages[2].tool_call_id"),  # missing
+        ([LOOP[0], LOOP[2]], "messages[1].tool_call_id"),  # no call before it
+        ([*LOOP, LOOP[2]], "messages[3].tool_call_id"),  # answered twice
+        ([*LOOP[:2], LOOP[0]], "messages[1].tool_calls"),  # a call never answered
+        (LOOP[:2], "messages[1].tool_calls"),
+        (_with(1, tool_calls=[{**CALL, "id": ...}]), "messages[1].tool_calls[0].id"),
+        (_with(1, tool_calls=[{**CALL, "type": "code"}]), "messages[1].tool_calls[0].type"),
+        (
+            _with(1, tool_calls=[{**CALL, "function": {"name": "f"}}]),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (_with(1, tool_calls={"id": "call_1"}), "messages[1].tool_calls"),
+        (
+            [*LOOP, {"role": "assistant", "content": None, "tool_calls": [CALL]}],
+            "messages[3].tool_calls[0].id",
+        ),
+        (_with(0, tool_calls=[CALL]), "messages[0].tool_calls"),  # only assistant messages carry calls
+        (_with(1, tool_calls=None), "messages[1].content"),  # null content needs tool_calls
+        (_with(2, content=None), "messages[2].content"),
+        (_with(1, function_call={"name": "f", "arguments": "{}"}), "messages[1].function_call"),
+    ],
+)
+def test_tool_turn_errors_name_the_message_and_field(wide, messages: list[dict], param: str) -> None:
+    assert _param_of(lambda: wide.chat({"model": "m", "messages": messages})) == (400, param)

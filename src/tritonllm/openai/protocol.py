@@ -4,7 +4,9 @@ Every rejection names the parameter at fault. The prompt is tokenized here with 
 tokenizer exactly as the BLS tokenizes `text_input`, so `usage.prompt_tokens` is exact and a prompt
 too long for the model is refused with the limit before it reaches the engine. Chat requests are
 rendered with the model's chat template into the text sent as `text_input`. A forced tool call
-(`tools` + a named or "required" `tool_choice`, see `tools.py`) becomes a JSON-schema guide.
+(`tools` + a named or "required" `tool_choice`, see `tools.py`) becomes a JSON-schema guide. Earlier
+turns of a tool loop (assistant `tool_calls`, `tool` results) are validated and rendered as `tools.py`
+describes: through the template when it renders them, as plain text otherwise.
 
 vLLM's extensions `top_k`, `min_tokens`, `ignore_eos` and `repetition_penalty` are accepted.
 `ignore_eos` is sent as `min_tokens = max_tokens` (the BLS has no such input; end ids are masked
@@ -24,12 +26,18 @@ from jinja2 import meta
 from transformers import PreTrainedTokenizerBase
 
 from tritonllm.openai.errors import APIError, invalid, unsupported
-from tritonllm.openai.tools import ToolPlan, tool_plan
+from tritonllm.openai.tools import (
+    ToolPlan,
+    ToolTurns,
+    plain_tool_turns,
+    template_tool_turns,
+    tool_plan,
+)
 
 UINT64_MAX = 2**64 - 1
 MAX_STOP_STRINGS = 16
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-CHAT_ROLES = {"system", "developer", "user", "assistant"}
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 COMMON_FIELDS = {
     "model",
@@ -94,14 +102,21 @@ class PromptEncoder:
         self._strip_bos = bos if bos and ids and ids[0] == tokenizer.bos_token_id else None
 
         self.template_has_tools = _template_reads_tools(tokenizer.chat_template)
+        self.template_has_tool_turns = _template_renders_tool_turns(tokenizer.chat_template)
 
     def count(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
 
-    def render_chat(self, messages: list[dict[str, str]], tools: ToolPlan | None = None) -> str:
-        """The prompt text; a forced tool call shows its tools via the template or a system note."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: ToolPlan | None = None) -> str:
+        """The prompt text; a forced tool call shows its tools via the template or a system note.
+
+        Tool-loop turns (validated by `_chat_messages`) go to a template that renders them in the form
+        HF templates expect, to any other as plain text (`tools.plain_tool_turns`)."""
         if not self.tokenizer.chat_template:
             raise invalid("messages", "this model has no chat template: use /v1/completions")
+        if any(m["role"] == "tool" or "tool_calls" in m for m in messages):
+            turns = template_tool_turns if self.template_has_tool_turns else plain_tool_turns
+            messages = turns(messages)
         extra: dict[str, Any] = {}
         if tools is not None and self.template_has_tools:
             extra["tools"] = [t.openai() for t in tools.tools]
@@ -125,7 +140,18 @@ def _template_reads_tools(template: str | None) -> bool:
         return re.search(r"\btools\b", template) is not None
 
 
-def _with_system_note(messages: list[dict[str, str]], note: str) -> list[dict[str, str]]:
+def _template_renders_tool_turns(template: str | None) -> bool:
+    """Whether a chat template renders assistant `tool_calls` and `tool` messages (Qwen2.5, Llama 3.1,
+    Mistral and Hermes templates do; SmolLM2's drops the calls and would show `tool` as an unknown role)."""
+    if not template:
+        return False
+    return (
+        re.search(r"\btool_calls\b", template) is not None
+        and re.search(r"""['"]tool['"]""", template) is not None
+    )
+
+
+def _with_system_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]:
     """The note appended to the system message, or as a new first system message."""
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": f"{messages[0]['content']}\n\n{note}"}, *messages[1:]]
@@ -193,11 +219,33 @@ def _stream_options(body: dict[str, Any], stream: bool) -> bool:
     return _bool(options, "include_usage")
 
 
-def _chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _text(content: Any, where: str) -> str | None:
+    """A message's content as one string (None when absent); only text parts are accepted."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content", "must be a string or a list of text parts", "invalid_type")
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise unsupported(f"{where}.content[{j}]", "only text content parts are supported")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages, validated: roles, text content, and the tool loop's calls and results.
+
+    An assistant message with `tool_calls` (content may be null) must be followed by one `tool`
+    message per call, each naming its call's id in `tool_call_id`, before any other message (as
+    OpenAI requires). Returned messages are `{"role", "content"}`; an assistant call turn also has
+    `tool_calls` (`{"id", "type", "function": {"name", "arguments"}}`), a tool result `tool_call_id`
+    and the called function's `name`."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "must be a non-empty list of messages", "invalid_type")
-    out = []
+    out: list[dict[str, Any]] = []
+    turns = ToolTurns()
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -205,23 +253,28 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise invalid(f"{where}.role", f"must be one of {sorted(CHAT_ROLES)}, got {json.dumps(role)}")
-        if message.get("tool_calls") or message.get("function_call"):
-            raise unsupported(f"{where}.tool_calls", "earlier tool calls in messages are not supported")
-        content = message.get("content")
-        if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if (
-                    not isinstance(part, dict)
-                    or part.get("type") != "text"
-                    or not isinstance(part.get("text"), str)
-                ):
-                    raise unsupported(f"{where}.content[{j}]", "only text content parts are supported")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
+        if message.get("function_call"):
+            raise unsupported(
+                f"{where}.function_call", "the legacy function-call API is not supported: send tool_calls"
+            )
+        if role != "tool":
+            turns.check_answered()
+        content = _text(message.get("content"), where)
+        raw_calls = message.get("tool_calls")
+        if raw_calls and role != "assistant":
+            raise invalid(f"{where}.tool_calls", "only assistant messages carry tool_calls")
+        if raw_calls:
+            calls = turns.calls(i, raw_calls)
+            out.append({"role": "assistant", "content": content or "", "tool_calls": calls})
+            continue
+        if content is None:
             raise invalid(f"{where}.content", "must be a string or a list of text parts", "invalid_type")
+        if role == "tool":
+            call_id, name = turns.answer(i, message.get("tool_call_id"))
+            out.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": content})
+            continue
         out.append({"role": "system" if role == "developer" else role, "content": content})
+    turns.check_answered()
     return out
 
 

@@ -20,6 +20,20 @@ otherwise a short system note describes the function(s) and their schema, so a s
 A generation that reaches `max_tokens` before the JSON is complete ends with finish_reason `length`
 and the partial arguments string (as OpenAI does); for `"required"`, if even the name is incomplete,
 the partial text is returned as `content` without `tool_calls`.
+
+The next turn of a tool loop sends the call back (an assistant message with `content` null and
+`tool_calls`) followed by one `tool` message per call (`tool_call_id`, `content`: the result). They are
+checked as OpenAI checks them (`ToolTurns`: a 400 names the message and field at fault) and rendered:
+
+- through the chat template when it renders tool turns (it mentions `tool_calls` and a `tool` role,
+  as Qwen2.5, Llama 3.1, Mistral and Hermes templates do): in the form HF templates expect, the
+  arguments as a JSON object (`{"type": "function", "function": {"name", "arguments": {...}}}`), the
+  result as `{"role": "tool", "tool_call_id", "name", "content"}`;
+- as plain text otherwise (SmolLM2's template ignores `tool_calls`, fails on null content and would
+  show `tool` as a role the model never saw): the assistant turn says each call on its own line in the
+  form a "required" call is generated, `{"name": "X", "parameters": <arguments>}` (after its content, if
+  any), and the results of one turn's calls become one user message, a line per result in the order
+  sent: `Result of X: <content>`.
 """
 
 from __future__ import annotations
@@ -258,3 +272,151 @@ class ToolCallStream:
             return None
         function = {"name": self.name, "arguments": self.arguments}
         return [{"id": self.id, "type": "function", "function": function}]
+
+
+def _call_record(where: str, raw: Any) -> dict[str, Any]:
+    """One earlier call as sent back by the caller: `{"id", "type": "function", "function": {...}}`."""
+    if not isinstance(raw, dict):
+        raise invalid(where, "must be an object with 'id', 'type' and 'function'", "invalid_type")
+    call_id = raw.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(
+            f"{where}.id", "is required (the id of the call, a string)", "missing_required_parameter"
+        )
+    if raw.get("type", "function") != "function":
+        raise invalid(f"{where}.type", f"must be 'function', got {json.dumps(raw.get('type'))}")
+    function = raw.get("function")
+    if not isinstance(function, dict):
+        raise invalid(f"{where}.function", "must be an object with 'name' and 'arguments'", "invalid_type")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"{where}.function.name", "is required (a string)", "missing_required_parameter")
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        raise invalid(
+            f"{where}.function.arguments", "must be a string (the arguments as JSON)", "invalid_type"
+        )
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@dataclass
+class ToolTurns:
+    """The calls of a conversation's assistant turns and the `tool` messages that answer them."""
+
+    names: dict[str, str] = field(default_factory=dict)  # every call id so far -> its function's name
+    answered: dict[str, int] = field(default_factory=dict)  # call id -> index of its tool message
+    pending: list[str] = field(default_factory=list)  # ids of the last call turn not answered yet
+    turn: int | None = None  # index of the last assistant message with tool_calls
+
+    def calls(self, index: int, raw: Any) -> list[dict[str, Any]]:
+        """Validate message `index`'s `tool_calls`; its calls now wait for their results."""
+        where = f"messages[{index}].tool_calls"
+        if not isinstance(raw, list):
+            raise invalid(where, "must be a list of tool calls", "invalid_type")
+        records = [_call_record(f"{where}[{j}]", item) for j, item in enumerate(raw)]
+        for j, record in enumerate(records):
+            if record["id"] in self.names:
+                raise invalid(
+                    f"{where}[{j}].id", f"repeats the id of an earlier call: {json.dumps(record['id'])}"
+                )
+            self.names[record["id"]] = record["function"]["name"]
+        self.pending = [r["id"] for r in records]
+        self.turn = index
+        return records
+
+    def answer(self, index: int, call_id: Any) -> tuple[str, str]:
+        """Validate message `index` (role `tool`): the id it answers and that call's function name."""
+        where = f"messages[{index}].tool_call_id"
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid(
+                where,
+                "is required in a tool message (the id of the call it answers)",
+                "missing_required_parameter",
+            )
+        if call_id in self.answered:
+            raise invalid(
+                where, f"{json.dumps(call_id)} was already answered by messages[{self.answered[call_id]}]"
+            )
+        if call_id not in self.pending:
+            earlier = (
+                f"the calls waiting for a result are {self.pending}"
+                if self.pending
+                else "no earlier assistant message has tool_calls waiting for a result"
+            )
+            raise invalid(
+                where,
+                f"{json.dumps(call_id)} matches no tool call of the assistant message before it ({earlier}); "
+                "a tool message must answer a call of the preceding assistant message",
+            )
+        self.pending.remove(call_id)
+        self.answered[call_id] = index
+        return call_id, self.names[call_id]
+
+    def check_answered(self) -> None:
+        """Before any message but a tool result: the last call turn must have all its results."""
+        if self.pending:
+            raise invalid(
+                f"messages[{self.turn}].tool_calls",
+                "an assistant message with tool_calls must be followed by a tool message for each call; "
+                f"no result for {self.pending}",
+            )
+
+
+def _arguments_object(arguments: str) -> Any:
+    """The arguments as the JSON value they encode (HF templates dump them with `tojson`), else as sent."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def template_tool_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool turns in the form HF chat templates read (`apply_chat_template` docs, "tool use")."""
+    out = []
+    for message in messages:
+        if "tool_calls" in message:
+            calls = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {
+                        "name": c["function"]["name"],
+                        "arguments": _arguments_object(c["function"]["arguments"]),
+                    },
+                }
+                for c in message["tool_calls"]
+            ]
+            message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
+
+
+def _plain_call(call: dict[str, Any]) -> str:
+    name, arguments = call["function"]["name"], call["function"]["arguments"]
+    try:
+        json.loads(arguments)
+    except ValueError:
+        arguments = json.dumps(arguments)  # not JSON (e.g. cut by max_tokens): quoted as a string
+    return f'{{"name": {json.dumps(name)}, "parameters": {arguments}}}'
+
+
+def plain_tool_turns(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Tool turns as plain text for a template without tool support (the module's docstring)."""
+    out: list[dict[str, str]] = []
+    results: list[str] = []
+    for message in messages:
+        if message["role"] == "tool":
+            results.append(f"Result of {message['name']}: {message['content']}")
+            continue
+        if results:
+            out.append({"role": "user", "content": "\n".join(results)})
+            results = []
+        if "tool_calls" in message:
+            lines = [message["content"]] if message["content"] else []
+            lines += [_plain_call(c) for c in message["tool_calls"]]
+            out.append({"role": "assistant", "content": "\n".join(lines)})
+        else:
+            out.append(message)
+    if results:
+        out.append({"role": "user", "content": "\n".join(results)})
+    return out
