@@ -61,7 +61,7 @@ def main() -> None:
     head = torch.randn(VOCAB, HIDDEN, generator=gen) * 0.02
     fp32 = [[torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in layer] for layer in weights]
     bf16 = [[w.bfloat16() for w in layer] for layer in weights]
-    int8 = [[quantize_int8_blocks(w) for w in layer] for layer in weights]
+    int8 = [[kernels.int8_pack(*quantize_int8_blocks(w)) for w in layer] for layer in weights]
     head_fp32, head_bf16 = torch.ops.mkldnn._reorder_linear_weight(head, 64), head.bfloat16()
     print("| tokens | body fp32 oneDNN ms | body bf16 | body int8 | int8 / fp32 | head fp32 | head bf16 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -69,7 +69,7 @@ def main() -> None:
         inputs = {k: torch.randn(m, k, generator=gen) for _, k in LAYER_SHAPES}
         t_fp32 = time_body(onednn, fp32, inputs, args.runs)
         t_bf16 = time_body(kernels.bf16_linear, bf16, inputs, args.runs)
-        t_int8 = time_body(lambda x, w: kernels.int8_linear(x, *w), int8, inputs, args.runs)
+        t_int8 = time_body(kernels.int8_linear, int8, inputs, args.runs)
         x = inputs[HIDDEN]
         h_fp32 = best_ms(partial(onednn, x, head_fp32), args.runs)
         h_bf16 = best_ms(partial(kernels.bf16_linear, x, head_bf16), args.runs)

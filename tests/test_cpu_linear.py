@@ -1,6 +1,7 @@
-"""The int8 (blocks of 32) and bf16 linear kernels, for every instruction set this CPU runs: they match a
-PyTorch reference on shapes that hit every tile edge, in both batch regimes (int8 dot products for a few
-tokens, fp32 expansion for more), and the PyTorch fallback of the int8 linear matches the kernel."""
+"""The int8 (blocks of 32, packed in tiles of 8 rows) and bf16 linear kernels, for every instruction set this
+CPU runs: they match a PyTorch reference on shapes that hit every tile edge, in both batch regimes (int8 dot
+products for a few tokens, fp32 expansion for more), and the PyTorch fallback of the int8 linear matches the
+kernel."""
 
 from __future__ import annotations
 
@@ -12,8 +13,18 @@ from tritonllm.model.cpu_kernels import load_kernels, supported_isas
 from tritonllm.model.quant import BlockInt8Linear, expand_int8_blocks, quantize_int8_blocks
 
 # (tokens, out_features, in_features): 1-4 tokens take the int8 dot product, more the fp32 expansion;
-# out_features not a multiple of 4 and in_features not a multiple of 32 or 8 exercise the edges.
-SHAPES = [(1, 7, 64), (2, 9, 40), (3, 13, 576), (4, 4, 37), (5, 13, 576), (17, 30, 100), (33, 65, 256)]
+# out_features not a multiple of 8 (the int8 tile) or 4 and in_features not a multiple of 32 or 8 exercise
+# the edges.
+SHAPES = [
+    (1, 7, 64),
+    (2, 9, 40),
+    (3, 13, 576),
+    (4, 4, 37),
+    (1, 16, 96),
+    (5, 13, 576),
+    (17, 30, 100),
+    (33, 65, 256),
+]
 
 
 def quantized_activations(x: torch.Tensor) -> torch.Tensor:
@@ -37,11 +48,18 @@ def test_int8_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
     weight = expand_int8_blocks(q, scale)[:, :k]
     activations = quantized_activations(x) if m <= 4 else x
     expected = activations @ weight.T + bias
-    got = kernels.int8_linear(x, q, scale, bias)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    got_bf16 = kernels.int8_linear(x.bfloat16(), q, scale, bias)
+    packed = kernels.int8_pack(q, scale)
+    rows = packed.shape[0] * quant.INT8_TILE_ROWS
+    assert rows == -(-n // 8) * 8
+    padded_bias = torch.nn.functional.pad(bias, (0, rows - n))
+    got = kernels.int8_linear(x, packed, padded_bias)
+    assert got.shape == (m, rows) and (got[:, n:] == 0).all()  # padded rows: zero weights, zero bias
+    torch.testing.assert_close(got[:, :n], expected, atol=1e-4, rtol=1e-4)
+    got_bf16 = kernels.int8_linear(x.bfloat16(), packed, padded_bias)[:, :n]
     assert got_bf16.dtype == torch.bfloat16
     torch.testing.assert_close(got_bf16.float(), expected, atol=0.1, rtol=0.05)
+    expanded = kernels.int8_expand(packed, k)
+    assert torch.equal(expanded[:n], weight) and not expanded[n:].any()
 
 
 @pytest.mark.parametrize("isa", supported_isas())
@@ -66,15 +84,27 @@ def test_int8_quantization_error_is_small() -> None:
     assert q.abs().max() <= 127
 
 
-def test_int8_linear_fallback_without_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No compiler: the layer expands its weights once and gives the kernel's answer for larger batches."""
+@pytest.mark.parametrize("rows", [24, 13])
+@pytest.mark.parametrize("tokens", [2, 8])
+def test_int8_linear_fallback_without_kernels(
+    monkeypatch: pytest.MonkeyPatch, rows: int, tokens: int
+) -> None:
+    """No compiler: the layer expands its weights once and gives the kernel's answer, with the kernel's padded
+    rows (13 is not a multiple of its tile of 8) dropped; such a layer stays out of the fused decode stack."""
     gen = torch.Generator().manual_seed(3)
-    w, x = torch.randn(24, 96, generator=gen), torch.randn(8, 96, generator=gen)
-    with_kernel = BlockInt8Linear(*quantize_int8_blocks(w))
+    w, x, bias = (
+        torch.randn(rows, 96, generator=gen),
+        torch.randn(tokens, 96, generator=gen),
+        torch.randn(rows),
+    )
+    with_kernel = BlockInt8Linear(*quantize_int8_blocks(w), bias)
+    assert (quant.kernel_tensors(with_kernel) is None) == (rows % quant.INT8_TILE_ROWS != 0)
     monkeypatch.setattr(quant, "cpu_kernels", lambda device: None)
-    fallback = BlockInt8Linear(*quantize_int8_blocks(w))
+    fallback = BlockInt8Linear(*quantize_int8_blocks(w), bias)
     assert fallback.weight.dtype == torch.float32
-    torch.testing.assert_close(fallback(x), with_kernel(x), atol=1e-4, rtol=1e-4)
+    expected = fallback(quantized_activations(x) if tokens <= 4 else x)
+    assert with_kernel(x).shape == (tokens, rows)
+    torch.testing.assert_close(with_kernel(x), expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])

@@ -1,7 +1,7 @@
 """Linear layers and weight quantization.
 
 - `int8`: int8 weights in blocks of 32 with one scale each, times int8 activations quantized per token
-  and block on the fly (llama.cpp's q8_0 arithmetic), through the project's CPU kernel (`csrc/linear.cpp`);
+  and block on the fly (llama.cpp's q8_0 arithmetic), through the project's kernel (`csrc/int8_linear.cpp`);
   the lm_head too (as in llama.cpp's q8_0 files): on SmolLM2 an int8 head moved perplexity by 0.02%
   against a bf16 one, and reads 32 MB per step instead of 57 (a sixth of what batch 1 reads).
 - `int8_wo`: int8 weights per output channel through PyTorch's int8-weight matmul (weight-only; slower
@@ -144,45 +144,53 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+INT8_TILE_ROWS = 8  # csrc/int8_linear.cpp packs weight rows in tiles of this many (the last one zero-padded)
+
+
 class BlockInt8Linear(nn.Module):
     """y = x W^T + b for int8 weights in blocks of 32 (`quantize_int8_blocks`).
 
-    Decodes (a few tokens) run the int8 x int8 dot product; larger batches expand tiles of weights to fp32
-    in cache and use FMAs (`csrc/linear.cpp`); prefill chunks expand the whole weight for the BLAS GEMM.
-    Without the kernel the weights are expanded once at load.
+    With the CPU kernels the weights are repacked once at load into the kernels' tiles of 8 rows: decodes (a
+    few tokens) run the int8 x int8 dot product, larger batches expand tiles to fp32 in cache, prefill chunks
+    expand the whole weight for the BLAS GEMM (`csrc/int8_linear.cpp`). Without the kernels the weights are
+    expanded once at load.
     """
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.kernels = cpu_kernels(weight.device)
+        self.out_features = weight.shape[0]
         if self.kernels is None:
             self.register_buffer("weight", expand_int8_blocks(weight, scale))
-            self.register_buffer("scale", None)
         else:
-            self.register_buffer("weight", weight.contiguous())
-            self.register_buffer("scale", scale.float().contiguous())
+            packed = self.kernels.int8_pack(weight.contiguous(), scale.float().contiguous())
+            self.register_buffer("weight", packed)
+            if bias is not None:  # the kernels add a bias to every row, padded ones included
+                bias = F.pad(bias, (0, self.weight.shape[0] * INT8_TILE_ROWS - self.out_features))
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and blas_sized(x):
-            weight = expand_int8_blocks(self.weight, self.scale)[:, : x.shape[-1]]
-            return F.linear(x.float(), weight, self.bias).to(x.dtype)
-        if self.kernels is not None:
-            return kernel_dtypes(self.kernels.int8_linear, x, self.weight, self.scale, self.bias)
-        y = F.linear(x.float(), self.weight[:, : x.shape[-1]], self.bias)
-        return y.to(x.dtype)
+        if self.kernels is None:
+            return F.linear(x.float(), self.weight[:, : x.shape[-1]], self.bias).to(x.dtype)
+        if blas_sized(x):
+            weight = self.kernels.int8_expand(self.weight, x.shape[-1])
+            y = F.linear(x.float(), weight, self.bias).to(x.dtype)
+        else:
+            y = kernel_dtypes(self.kernels.int8_linear, x, self.weight, self.bias)
+        return y if y.shape[-1] == self.out_features else y[..., : self.out_features]
 
 
 NO_TENSOR = torch.empty(0)  # "none" in the tensor lists of csrc/decode_stack.cpp
 
 
 def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
-    """[weight, scales, bias] of a linear that runs on the CPU kernels, as `csrc/decode_stack.cpp` takes
-    them (an empty tensor for none), or None for any other linear."""
+    """[weight, bias] of a linear that runs on the CPU kernels, as `csrc/decode_stack.cpp` takes them (an
+    empty tensor for no bias), or None for any other linear, and for int8 ones with padded rows to drop."""
     if not isinstance(linear, BlockInt8Linear | Bf16Linear) or linear.kernels is None:
         return None
-    scales = linear.scale if isinstance(linear, BlockInt8Linear) else NO_TENSOR
-    return [linear.weight, scales, NO_TENSOR if linear.bias is None else linear.bias]
+    if isinstance(linear, BlockInt8Linear) and linear.out_features % INT8_TILE_ROWS:
+        return None
+    return [linear.weight, NO_TENSOR if linear.bias is None else linear.bias]
 
 
 def expand_int8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -8,19 +8,19 @@
 
 namespace {
 
-// A linear as three tensors: int8 weight + block scales, or bf16 weight + an empty tensor; then a bias or an
-// empty tensor.
-at::Tensor run_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales, const at::Tensor& bias) {
+// A linear as two tensors: packed int8 weights (int8_pack; rows a multiple of 8, so nothing to drop) or bf16
+// weights, then a bias or an empty tensor.
+at::Tensor run_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   c10::optional<at::Tensor> b;
   if (bias.numel() > 0) b = bias;
-  if (weight.scalar_type() == at::kChar) return int8_linear(x, weight, scales, b);
+  if (weight.scalar_type() == at::kByte) return int8_linear(x, weight, b);
   return bf16_linear(x, weight, b);
 }
 
 }  // namespace
 
 // x [T, H] residual stream (updated in place, as the Python loop does); each layer is [input_norm,
-// post_attention_norm, then (weight, scales, bias) for qkv, o, gate_up, down]. Returns the last layer's output.
+// post_attention_norm, then (weight, bias) for qkv, o, gate_up, down]. Returns the last layer's output.
 at::Tensor decode_layers(at::Tensor x, const std::vector<std::vector<at::Tensor>>& layers, const at::Tensor& cos,
                          const at::Tensor& sin, const at::Tensor& slots, std::vector<at::Tensor> k_caches,
                          std::vector<at::Tensor> v_caches, const at::Tensor& block_tables,
@@ -31,13 +31,13 @@ at::Tensor decode_layers(at::Tensor x, const std::vector<std::vector<at::Tensor>
   c10::optional<at::Tensor> delta;
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::vector<at::Tensor>& l = layers[i];
-    TORCH_CHECK(l.size() == 14, "a layer is 2 norms and 4 x (weight, scales, bias)");
+    TORCH_CHECK(l.size() == 10, "a layer is 2 norms and 4 x (weight, bias)");
     at::Tensor h = add_rms_norm(x, delta, l[0], eps);
-    const at::Tensor qk = rope_and_cache(run_linear(h, l[2], l[3], l[4]), cos, sin, slots, k_caches[i], v_caches[i], heads);
+    const at::Tensor qk = rope_and_cache(run_linear(h, l[2], l[3]), cos, sin, slots, k_caches[i], v_caches[i], heads);
     const at::Tensor attention = paged_decode_attention(qk.narrow(1, 0, heads).contiguous(), k_caches[i], v_caches[i],
                                                         block_tables, context_lens, scale);
-    h = add_rms_norm(x, run_linear(attention.view({tokens, -1}), l[5], l[6], l[7]), l[1], eps);
-    delta = run_linear(silu_and_mul(run_linear(h, l[8], l[9], l[10])), l[11], l[12], l[13]);
+    h = add_rms_norm(x, run_linear(attention.view({tokens, -1}), l[4], l[5]), l[1], eps);
+    delta = run_linear(silu_and_mul(run_linear(h, l[6], l[7])), l[8], l[9]);
   }
   return *delta;
 }

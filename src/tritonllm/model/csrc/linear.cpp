@@ -1,7 +1,5 @@
-// Linear layers over low-precision weights, read straight from memory at decode time:
-//  - int8 weights in blocks of 32 with one fp32 scale each, times int8 activations quantized per token and
-//    per block of 32 on the fly (the arithmetic of llama.cpp's q8_0 x q8_0 dot product);
-//  - bf16 weights times fp32 or bf16 activations, accumulated in fp32.
+// Linear layers over bf16 weights (fp32 or bf16 activations, fp32 accumulation), read straight from memory at
+// decode time, and the wide path both weight formats share for larger batches (int8 weights: int8_linear.cpp).
 // Batch-1 decode is memory-bound, so reading a quarter (int8) or half (bf16) of fp32's bytes is the speed-up.
 // Tiles of a few weight rows x a few tokens keep weights in L1 across tokens for larger batches.
 // The AVX2 paths are used when the translation unit is compiled with AVX2+FMA (cpu_kernels.py builds one
@@ -25,78 +23,6 @@ using simd::hsum;
 using simd::load8;
 using simd::load_bf16x8;
 #endif
-
-constexpr int64_t kBlock = 32;
-
-// Quantize `m` rows of `k` activations to int8, per block of 32 (zero-padded to `kp`), with one scale per block.
-template <typename T>
-void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, float* xs) {
-  const int64_t nb = kp / kBlock;
-  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* row = x + r * k;
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t lo = b * kBlock, hi = std::min(k, lo + kBlock);
-        float amax = 0.f;
-        for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(to_float(row[i])));
-        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        xs[r * nb + b] = scale;
-        int8_t* out = xq + r * kp + lo;
-        for (int64_t i = lo; i < hi; ++i) out[i - lo] = static_cast<int8_t>(std::nearbyint(to_float(row[i]) * inv));
-        for (int64_t i = hi; i < lo + kBlock; ++i) out[i - lo] = 0;
-      }
-    }
-  });
-}
-
-#ifdef TRITONLLM_AVX2
-// Sum of w[i] * x[i] over one block of 32 int8 pairs, as 8 float lanes. maddubs needs one unsigned operand:
-// |x| and w carrying x's sign give the same products (|values| <= 127, so the int16 pair sums cannot saturate).
-inline __m256 block_dot(__m256i abs_x, __m256i x, const int8_t* w) {
-  const __m256i signed_w = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), x);
-  const __m256i pairs = _mm256_maddubs_epi16(abs_x, signed_w);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-#endif
-
-// out[m][n] (+= nothing; written) for RN weight rows x RM tokens of the int8 x int8 product.
-template <int RN, int RM>
-void int8_tile(const int8_t* w, const float* ws, const int8_t* xq, const float* xs, int64_t nb, float* acc_out) {
-  const int64_t kp = nb * kBlock;
-#ifdef TRITONLLM_AVX2
-  __m256 acc[RN][RM];
-  for (int n = 0; n < RN; ++n)
-    for (int m = 0; m < RM; ++m) acc[n][m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i x[RM], ax[RM];
-    for (int m = 0; m < RM; ++m) {
-      x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * kp + b * kBlock));
-      ax[m] = _mm256_sign_epi8(x[m], x[m]);
-    }
-    for (int n = 0; n < RN; ++n) {
-      const int8_t* wb = w + n * kp + b * kBlock;
-      const float wscale = ws[n * nb + b];
-      for (int m = 0; m < RM; ++m)
-        acc[n][m] = _mm256_fmadd_ps(_mm256_set1_ps(wscale * xs[m * nb + b]), block_dot(ax[m], x[m], wb), acc[n][m]);
-    }
-  }
-  for (int n = 0; n < RN; ++n)
-    for (int m = 0; m < RM; ++m) acc_out[m * RN + n] = hsum(acc[n][m]);
-#else
-  for (int n = 0; n < RN; ++n)
-    for (int m = 0; m < RM; ++m) {
-      float total = 0.f;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t dot = 0;
-        const int8_t* wb = w + n * kp + b * kBlock;
-        const int8_t* xb = xq + m * kp + b * kBlock;
-        for (int64_t i = 0; i < kBlock; ++i) dot += static_cast<int32_t>(wb[i]) * static_cast<int32_t>(xb[i]);
-        total += static_cast<float>(dot) * ws[n * nb + b] * xs[m * nb + b];
-      }
-      acc_out[m * RN + n] = total;
-    }
-#endif
-}
 
 // RN bf16 weight rows x RM tokens, fp32 accumulation.
 template <int RN, int RM, typename T>
@@ -157,7 +83,7 @@ inline void dispatch_tile(int64_t rows, int64_t tokens, Fn&& fn) {
   return fn(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
 }
 
-// The few-token driver both weight formats share: `tile(rn, rm, row, token, acc)` computes rn weight rows
+// The few-token driver of the bf16 kernel: `tile(rn, rm, row, token, acc)` computes rn weight rows
 // from `row` x rm tokens from `token` (rn, rm compile-time); edge rows go one at a time.
 template <typename T, typename TileFn>
 at::Tensor run_small(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias, TileFn tile) {
@@ -181,21 +107,6 @@ at::Tensor run_small(const at::Tensor& x, int64_t n, const c10::optional<at::Ten
 }
 
 template <typename T>
-at::Tensor int8_linear_impl(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ws, const c10::optional<at::Tensor>& bias) {
-  const int64_t k = x.size(-1), m = x.numel() / k, kp = w.size(1), nb = kp / kBlock;
-  at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const float* wsp = ws.data_ptr<float>();
-  const int8_t* xqp = xq.data_ptr<int8_t>();
-  const float* xsp = xs.data_ptr<float>();
-  return run_small<T>(x, w.size(0), bias, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
-    int8_tile<decltype(rn)::value, decltype(rm)::value>(wp + row * kp, wsp + row * nb, xqp + token * kp, xsp + token * nb, nb, acc);
-  });
-}
-
-template <typename T>
 at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   const int64_t k = x.size(-1);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
@@ -209,19 +120,7 @@ at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10:
 // where fp32 FMA needs 4, so there each tile of weight rows is expanded once to fp32 in a small buffer and
 // multiplied by every token with FMAs (weights from cache, activations unquantized).
 constexpr int64_t kWideRows = 4, kWideTokens = 3;  // 12 accumulators + 3 activation vectors
-constexpr int64_t kSmallBatch = 4;                 // up to this many tokens the int8 dot product runs
-
-void expand_rows(const int8_t* w, const float* ws, int64_t rows, int64_t kp, int64_t k, float* dst) {
-  const int64_t nb = kp / kBlock;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t lo = b * kBlock, len = std::min(kBlock, k - lo);
-      const float scale = ws[r * nb + b];
-      const int8_t* src = w + r * kp + lo;
-      float* out = dst + r * k + lo;
-      for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(src[i]) * scale;  // vectorized by -O3
-    }
-}
+constexpr int64_t kSmallBatch = 4;                 // up to this many tokens the few-token kernels run
 
 void expand_rows(const uint16_t* w, int64_t rows, int64_t k, float* dst) {
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);
@@ -313,26 +212,6 @@ at::Tensor wide_linear(const at::Tensor& x, int64_t n, const c10::optional<at::T
 }
 
 }  // namespace
-
-// x [..., K] float32/bfloat16; w int8 [N, Kp] (Kp = K rounded up to 32, zero-padded); ws float32 [N, Kp/32].
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ws, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
-  TORCH_CHECK(x.size(-1) <= w.size(1) && x.size(-1) > w.size(1) - kBlock, "activations have ", x.size(-1), " features; the weight holds ", w.size(1), " (padded)");
-  check_activations(x, x.size(-1));
-  check_bias(bias, w.size(0));
-  const int64_t k = x.size(-1), m = x.numel() / k;
-  if (m > kSmallBatch) {
-    const int64_t kp = w.size(1);
-    const int8_t* wp = w.data_ptr<int8_t>();
-    const float* wsp = ws.data_ptr<float>();
-    return wide_linear(x, w.size(0), bias, [&](int64_t n0, int64_t rows, float* dst) {
-      expand_rows(wp + n0 * kp, wsp + n0 * (kp / kBlock), rows, kp, k, dst);
-    });
-  }
-  if (x.scalar_type() == at::kFloat) return int8_linear_impl<float>(x, w, ws, bias);
-  return int8_linear_impl<at::BFloat16>(x, w, ws, bias);
-}
 
 // x [..., K] float32/bfloat16; w bfloat16 [N, K].
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {

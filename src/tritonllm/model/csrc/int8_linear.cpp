@@ -1,0 +1,247 @@
+// Linear layers over int8 weights in blocks of 32 inputs with one fp32 scale each (llama.cpp's q8_0).
+//
+// The weights are repacked once at load into tiles of 8 rows. Per block of 32 inputs a tile holds 288 bytes:
+// the 8 rows' scales, then 4 chunks of 8 inputs, each as rows 0-3 then rows 4-7 (8 bytes per row). One
+// 32-byte load thus holds 4 rows x 8 inputs; multiplied by 8 activations repeated 4 times, 4 such products
+// give all 8 rows' dot products for a block in one vector, scaled by one multiply-add. That is a third fewer
+// instructions per weight byte than a row at a time, and one contiguous stream per thread, prefetched ahead:
+// batch-1 decode reads every weight once per token, so this is what sets its speed.
+//
+// A few tokens (decode): activations are quantized to int8 per token and block on the fly and multiplied as
+// int8 x int8 (the arithmetic of llama.cpp's q8_0 x q8_0 dot product). More tokens: rows are expanded to fp32
+// in cache and multiplied with FMAs (linear.cpp's wide path); prefill-sized batches expand the whole weight
+// for the BLAS GEMM (`int8_expand`).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "simd.h"
+
+namespace {
+
+using simd::to_float;
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kTileRows = 8, kScaleBytes = kTileRows * 4, kTileBlock = kScaleBytes + kTileRows * kBlock;
+// Scales are stored in the order the AVX2 kernel's horizontal add leaves the rows' sums. The map is its own
+// inverse: slot s holds row kSlot[s], and row r sits in slot kSlot[r].
+constexpr int kSlot[kTileRows] = {0, 1, 4, 5, 2, 3, 6, 7};
+constexpr int64_t kPrefetchBlocks = 4;  // ~1.1 KB ahead: measured best of 2-8 for a thread streaming from DRAM
+
+// Byte of input i (< 32) of tile row r within a tile's block.
+inline int64_t packed_offset(int64_t r, int64_t i) {
+  return kScaleBytes + (i / 8) * 64 + (r / 4) * 32 + (r % 4) * 8 + i % 8;
+}
+
+inline const float* block_scales(const uint8_t* block) { return reinterpret_cast<const float*>(block); }
+
+// Quantize `m` rows of `k` activations to int8, per block of 32 (zero-padded to `kp`), with one scale per block.
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, float* xs) {
+  const int64_t nb = kp / kBlock;
+  for (int64_t r = 0; r < m; ++r) {
+    const T* row = x + r * k;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t lo = b * kBlock, hi = std::min(k, lo + kBlock);
+      float amax = 0.f;
+      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(to_float(row[i])));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      xs[r * nb + b] = amax / 127.f;
+      int8_t* out = xq + r * kp + lo;
+      for (int64_t i = lo; i < hi; ++i) out[i - lo] = static_cast<int8_t>(std::nearbyint(to_float(row[i]) * inv));
+      for (int64_t i = hi; i < lo + kBlock; ++i) out[i - lo] = 0;
+    }
+  }
+}
+
+// Rows [r0, r0 + rows) of one tile (r0 + rows <= 8) as fp32 [rows, k].
+void expand_tile_rows(const uint8_t* tile, int64_t nb, int64_t k, int64_t r0, int64_t rows, float* dst) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = tile + b * kTileBlock;
+    const int8_t* q = reinterpret_cast<const int8_t*>(block);
+    const int64_t lo = b * kBlock, len = std::min(kBlock, k - lo);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float scale = block_scales(block)[kSlot[r0 + r]];
+      float* out = dst + r * k + lo;
+      for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(q[packed_offset(r0 + r, i)]) * scale;
+    }
+  }
+}
+
+#ifdef TRITONLLM_AVX2
+// One token's activations for the kernel: per block, per chunk of 8 inputs, the 8 int8 values repeated 4 times
+// (one copy per row of a 32-byte weight load), then their absolute values likewise: 256 bytes per block.
+constexpr int64_t kSpreadBlock = 256;
+
+void spread_activations(const int8_t* xq, int64_t nb, int8_t* spread) {
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t c = 0; c < 4; ++c) {
+      int64_t chunk;
+      std::memcpy(&chunk, xq + b * kBlock + c * 8, 8);
+      const __m256i x = _mm256_set1_epi64x(chunk);
+      __m256i* out = reinterpret_cast<__m256i*>(spread + b * kSpreadBlock + c * 64);
+      _mm256_storeu_si256(out, x);
+      _mm256_storeu_si256(out + 1, _mm256_sign_epi8(x, x));
+    }
+}
+
+// acc[m] += the 8 rows' dot products (in slot order) with RM tokens, over a tile's nb blocks. maddubs needs one
+// unsigned operand: |x| and w carrying x's sign give the same products (|values| <= 127, so no saturation).
+template <int RM>
+void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* spread, const float* xs, __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = tile + b * kTileBlock;
+    const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBlocks * kTileBlock);
+    for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    const __m256i* w = reinterpret_cast<const __m256i*>(block + kScaleBytes);
+    const __m256 scales = _mm256_loadu_ps(block_scales(block));
+    for (int m = 0; m < RM; ++m) {
+      const __m256i* x = reinterpret_cast<const __m256i*>(spread + (m * nb + b) * kSpreadBlock);
+      __m256i rows0123 = _mm256_setzero_si256(), rows4567 = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i xc = _mm256_loadu_si256(x + 2 * c), abs_xc = _mm256_loadu_si256(x + 2 * c + 1);
+        const __m256i w0 = _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c), xc);
+        const __m256i w1 = _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c + 1), xc);
+        rows0123 = _mm256_add_epi32(rows0123, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_xc, w0), ones));
+        rows4567 = _mm256_add_epi32(rows4567, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_xc, w1), ones));
+      }
+      // Lanes hold 2 partial sums per row; hadd adds the pairs: rows 0 1 4 5 | 2 3 6 7 (kSlot's order).
+      const __m256 sums = _mm256_cvtepi32_ps(_mm256_hadd_epi32(rows0123, rows4567));
+      acc[m] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scales, _mm256_set1_ps(xs[m * nb + b])), acc[m]);
+    }
+  }
+}
+#endif
+
+// out[m][r] for a tile's 8 rows and `tokens` tokens (the portable path).
+void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const float* xs, int64_t tokens, float* out) {
+  for (int64_t m = 0; m < tokens; ++m)
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      float total = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int8_t* q = reinterpret_cast<const int8_t*>(tile + b * kTileBlock);
+        int32_t dot = 0;
+        for (int64_t i = 0; i < kBlock; ++i) dot += static_cast<int32_t>(q[packed_offset(r, i)]) * xq[(m * nb + b) * kBlock + i];
+        total += static_cast<float>(dot) * block_scales(tile + b * kTileBlock)[kSlot[r]] * xs[m * nb + b];
+      }
+      out[m * kTileRows + r] = total;
+    }
+}
+
+template <typename T>
+at::Tensor small_batch(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
+  const int64_t n = tiles * kTileRows;
+  at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor out = at::empty(shape, x.options());
+  T* op = out.data_ptr<T>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* xsp = xs.data_ptr<float>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+#ifdef TRITONLLM_AVX2
+  at::Tensor spread = at::empty({m, nb * kSpreadBlock}, x.options().dtype(at::kChar));
+  for (int64_t t = 0; t < m; ++t) spread_activations(xq.data_ptr<int8_t>() + t * kp, nb, spread.data_ptr<int8_t>() + t * nb * kSpreadBlock);
+  const int8_t* sp = spread.data_ptr<int8_t>();
+#endif
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    float rows[4 * kTileRows];  // [token][slot] (AVX2) or [token][row] (portable)
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* tile = wp + t * nb * kTileBlock;
+#ifdef TRITONLLM_AVX2
+      for (int64_t m0 = 0; m0 < m; m0 += 2) {
+        __m256 acc[2];
+        const int64_t tokens = std::min<int64_t>(2, m - m0);
+        if (tokens == 2) packed_tile<2>(tile, nb, sp + m0 * nb * kSpreadBlock, xsp + m0 * nb, acc);
+        else packed_tile<1>(tile, nb, sp + m0 * nb * kSpreadBlock, xsp + m0 * nb, acc);
+        for (int64_t i = 0; i < tokens; ++i) {
+          float slots[kTileRows];
+          _mm256_storeu_ps(slots, acc[i]);
+          for (int64_t s = 0; s < kTileRows; ++s) rows[(m0 + i) * kTileRows + kSlot[s]] = slots[s];
+        }
+      }
+#else
+      portable_tile(tile, nb, xq.data_ptr<int8_t>(), xsp, m, rows);
+#endif
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          const int64_t row = t * kTileRows + r;
+          op[i * n + row] = static_cast<T>(rows[i * kTileRows + r] + (bp ? bp[row] : 0.f));
+        }
+    }
+  });
+  return out;
+}
+
+void check_packed(const at::Tensor& packed) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kTileBlock,
+              "packed int8 weights must be contiguous uint8 [tiles, blocks, ", kTileBlock, "] (from int8_pack)");
+}
+
+}  // namespace
+
+// w int8 [N, Kp] (Kp = K rounded up to 32, zero-padded), ws float32 [N, Kp/32] -> the kernels' layout,
+// uint8 [ceil(N/8), Kp/32, 288]; rows past N are zeros.
+at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
+  const int64_t n = w.size(0), kp = w.size(1), nb = kp / kBlock, tiles = (n + kTileRows - 1) / kTileRows;
+  at::Tensor packed = at::zeros({tiles, nb, kTileBlock}, w.options().dtype(at::kByte));
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* wsp = ws.data_ptr<float>();
+  uint8_t* pp = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* block = pp + (t * nb + b) * kTileBlock;
+        for (int64_t r = 0; r < kTileRows && t * kTileRows + r < n; ++r) {
+          const int64_t row = t * kTileRows + r;
+          std::memcpy(block + 4 * kSlot[r], wsp + row * nb + b, 4);
+          for (int64_t i = 0; i < kBlock; ++i) block[packed_offset(r, i)] = static_cast<uint8_t>(wp[row * kp + b * kBlock + i]);
+        }
+      }
+  });
+  return packed;
+}
+
+// The packed weights as fp32 [ceil(N/8) * 8, k] (k <= Kp: the layer's true input width).
+at::Tensor int8_expand(const at::Tensor& packed, int64_t k) {
+  check_packed(packed);
+  const int64_t tiles = packed.size(0), nb = packed.size(1);
+  TORCH_CHECK(k <= nb * kBlock && k > (nb - 1) * kBlock, "k must be the width the weights were packed from");
+  at::Tensor out = at::empty({tiles * kTileRows, k}, packed.options().dtype(at::kFloat));
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) expand_tile_rows(pp + t * nb * kTileBlock, nb, k, 0, kTileRows, op + t * kTileRows * k);
+  });
+  return out;
+}
+
+// x [..., K] float32/bfloat16; packed from int8_pack; bias (optional) padded like the rows, to ceil(N/8) * 8.
+// Returns [..., ceil(N/8) * 8]: callers drop the padded rows.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  check_packed(packed);
+  const int64_t tiles = packed.size(0), nb = packed.size(1);
+  TORCH_CHECK(x.size(-1) <= nb * kBlock && x.size(-1) > (nb - 1) * kBlock, "activations have ", x.size(-1), " features; the weight holds ", nb * kBlock, " (padded)");
+  check_activations(x, x.size(-1));
+  check_bias(bias, tiles * kTileRows);
+  const int64_t k = x.size(-1), m = x.numel() / k;
+  if (m > kSmallBatch) {
+    const uint8_t* pp = packed.data_ptr<uint8_t>();
+    return wide_linear(x, tiles * kTileRows, bias, [&](int64_t n0, int64_t rows, float* dst) {
+      expand_tile_rows(pp + (n0 / kTileRows) * nb * kTileBlock, nb, k, n0 % kTileRows, rows, dst);
+    });
+  }
+  if (x.scalar_type() == at::kFloat) return small_batch<float>(x, packed, bias);
+  return small_batch<at::BFloat16>(x, packed, bias);
+}
