@@ -58,16 +58,24 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, flo
   }
 }
 
-// Rows [r0, r0 + rows) of one tile (r0 + rows <= 8) as fp32 [rows, k].
+// Rows [r0, r0 + rows) of one tile (r0 + rows <= 8) as fp32 [rows, k]. A row's 32 inputs of a block lie in 4
+// runs of 8 bytes, 64 bytes apart.
 void expand_tile_rows(const uint8_t* tile, int64_t nb, int64_t k, int64_t r0, int64_t rows, float* dst) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = tile + b * kTileBlock;
-    const int8_t* q = reinterpret_cast<const int8_t*>(block);
     const int64_t lo = b * kBlock, len = std::min(kBlock, k - lo);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float scale = block_scales(block)[kSlot[r0 + r]];
-      float* out = dst + r * k + lo;
-      for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(q[packed_offset(r0 + r, i)]) * scale;
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      const float scale = block_scales(block)[kSlot[r]];
+      const int8_t* src = reinterpret_cast<const int8_t*>(block + packed_offset(r, 0));
+      float* out = dst + (r - r0) * k + lo;
+      int64_t i = 0;
+#ifdef TRITONLLM_AVX2
+      for (; i + 8 <= len; i += 8) {
+        const __m128i run = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + (i / 8) * 64));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(run)), _mm256_set1_ps(scale)));
+      }
+#endif
+      for (; i < len; ++i) out[i] = static_cast<float>(src[(i / 8) * 64 + i % 8]) * scale;
     }
   }
 }
