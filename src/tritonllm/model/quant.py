@@ -45,9 +45,9 @@ class Linear(nn.Module):
 ONEDNN_BATCH_HINT = 64  # rows per GEMM the packing is tuned for; measured good from 1 to 512
 
 
-# From this many tokens (prefill chunks) the kernel-backed linears expand their whole weight to fp32 and
-# run the BLAS GEMM: 25-40% faster than the kernels' tile loop at 512 tokens on SmolLM2's shapes
-# (1 thread), and the expansion costs ~2% of that GEMM. Below it the kernels win.
+# From this many tokens (prefill chunks) bf16 linears expand their whole weight to fp32 and run the BLAS
+# GEMM: 25-40% faster than the kernel's tile loop at 512 tokens on SmolLM2's shapes (1 thread), and the
+# expansion costs ~2% of that GEMM. Below it the kernel wins. (int8 linears run their kernel throughout.)
 BLAS_MIN_TOKENS = 256
 
 
@@ -150,10 +150,9 @@ INT8_TILE_ROWS = 8  # csrc/int8_linear.cpp packs weight rows in tiles of this ma
 class BlockInt8Linear(nn.Module):
     """y = x W^T + b for int8 weights in blocks of 32 (`quantize_int8_blocks`).
 
-    With the CPU kernels the weights are repacked once at load into the kernels' tiles of 8 rows: decodes (a
-    few tokens) run the int8 x int8 dot product, larger batches expand tiles to fp32 in cache, prefill chunks
-    expand the whole weight for the BLAS GEMM (`csrc/int8_linear.cpp`). Without the kernels the weights are
-    expanded once at load.
+    With the CPU kernels the weights are repacked once at load into the kernels' tiles of 8 rows and every
+    batch runs the int8 x int8 dot product (`csrc/int8_linear.cpp`; faster here than fp32 FMAs or BLAS on
+    expanded weights at 1-512 tokens). Without the kernels the weights are expanded once at load.
     """
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
@@ -172,11 +171,7 @@ class BlockInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is None:
             return F.linear(x.float(), self.weight[:, : x.shape[-1]], self.bias).to(x.dtype)
-        if blas_sized(x):
-            weight = self.kernels.int8_expand(self.weight, x.shape[-1])
-            y = F.linear(x.float(), weight, self.bias).to(x.dtype)
-        else:
-            y = kernel_dtypes(self.kernels.int8_linear, x, self.weight, self.bias)
+        y = kernel_dtypes(self.kernels.int8_linear, x, self.weight, self.bias)
         return y if y.shape[-1] == self.out_features else y[..., : self.out_features]
 
 

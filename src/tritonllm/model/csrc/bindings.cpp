@@ -16,8 +16,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged KV cache", release());
   m.def("int8_pack", &int8_pack, "int8 weights in blocks of 32 + their scales, in the kernels' tiles of 8 rows",
         pybind11::arg("weight"), pybind11::arg("scales"), release());
-  m.def("int8_expand", &int8_expand, "packed int8 weights as fp32 [rows padded to 8, k]", pybind11::arg("packed"),
-        pybind11::arg("k"), release());
   m.def("int8_linear", &int8_linear, "x @ W^T for packed int8 weights (activations quantized per block of 32)",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
   m.def("bf16_linear", &bf16_linear, "x @ W^T for bfloat16 weights, fp32 accumulation", pybind11::arg("x"),

@@ -1,16 +1,15 @@
-// Linear layers over int8 weights in blocks of 32 inputs with one fp32 scale each (llama.cpp's q8_0).
+// Linear layers over int8 weights in blocks of 32 inputs with one fp32 scale each (llama.cpp's q8_0), times
+// activations quantized to int8 per token and block on the fly (the arithmetic of llama.cpp's q8_0 x q8_0 dot
+// product), at every batch size.
 //
 // The weights are repacked once at load into tiles of 8 rows. Per block of 32 inputs a tile holds 288 bytes:
 // the 8 rows' scales, then 4 chunks of 8 inputs, each as rows 0-3 then rows 4-7 (8 bytes per row). One
 // 32-byte load thus holds 4 rows x 8 inputs; multiplied by 8 activations repeated 4 times, 4 such products
 // give all 8 rows' dot products for a block in one vector, scaled by one multiply-add. That is a third fewer
 // instructions per weight byte than a row at a time, and one contiguous stream per thread, prefetched ahead:
-// batch-1 decode reads every weight once per token, so this is what sets its speed.
-//
-// A few tokens (decode): activations are quantized to int8 per token and block on the fly and multiplied as
-// int8 x int8 (the arithmetic of llama.cpp's q8_0 x q8_0 dot product). More tokens: rows are expanded to fp32
-// in cache and multiplied with FMAs (linear.cpp's wide path); prefill-sized batches expand the whole weight
-// for the BLAS GEMM (`int8_expand`).
+// batch-1 decode reads every weight once per token, so this is what sets its speed. With more tokens a tile
+// stays in cache while the tokens go by two at a time: on AVX2 this beat expanding the weights to fp32 for
+// FMAs or for the BLAS GEMM at every batch size measured (1-512 tokens; benchmarks/README.md).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -18,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "simd.h"
 
@@ -39,68 +39,81 @@ inline int64_t packed_offset(int64_t r, int64_t i) {
 
 inline const float* block_scales(const uint8_t* block) { return reinterpret_cast<const float*>(block); }
 
-// Quantize `m` rows of `k` activations to int8, per block of 32 (zero-padded to `kp`), with one scale per block.
+#ifdef TRITONLLM_AVX2
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// One whole block of 32 activations to int8 (rounded to nearest even, as the scalar path) and its absolute
+// values; returns the block's largest magnitude.
 template <typename T>
-void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, float* xs) {
-  const int64_t nb = kp / kBlock;
-  for (int64_t r = 0; r < m; ++r) {
-    const T* row = x + r * k;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t lo = b * kBlock, hi = std::min(k, lo + kBlock);
-      float amax = 0.f;
-      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(to_float(row[i])));
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      xs[r * nb + b] = amax / 127.f;
-      int8_t* out = xq + r * kp + lo;
-      for (int64_t i = lo; i < hi; ++i) out[i - lo] = static_cast<int8_t>(std::nearbyint(to_float(row[i]) * inv));
-      for (int64_t i = hi; i < lo + kBlock; ++i) out[i - lo] = 0;
-    }
+inline float quantize_block(const T* x, int8_t* q, int8_t* abs_q) {
+  __m256 v[4], amax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int j = 0; j < 4; ++j) {
+    v[j] = simd::load8(x + 8 * j);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
   }
+  const float largest = hmax(amax);
+  const __m256 inv = _mm256_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
+  __m256i i32[4];
+  for (int j = 0; j < 4; ++j) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
+  // packs work within 128-bit lanes: the bytes come out in 4-byte groups 0 2 4 6 1 3 5 7 of 8 in order.
+  const __m256i bytes = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(abs_q), _mm256_abs_epi8(bytes));
+  return largest;
 }
-
-// Rows [r0, r0 + rows) of one tile (r0 + rows <= 8) as fp32 [rows, k]. A row's 32 inputs of a block lie in 4
-// runs of 8 bytes, 64 bytes apart.
-void expand_tile_rows(const uint8_t* tile, int64_t nb, int64_t k, int64_t r0, int64_t rows, float* dst) {
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* block = tile + b * kTileBlock;
-    const int64_t lo = b * kBlock, len = std::min(kBlock, k - lo);
-    for (int64_t r = r0; r < r0 + rows; ++r) {
-      const float scale = block_scales(block)[kSlot[r]];
-      const int8_t* src = reinterpret_cast<const int8_t*>(block + packed_offset(r, 0));
-      float* out = dst + (r - r0) * k + lo;
-      int64_t i = 0;
-#ifdef TRITONLLM_AVX2
-      for (; i + 8 <= len; i += 8) {
-        const __m128i run = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + (i / 8) * 64));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(run)), _mm256_set1_ps(scale)));
-      }
 #endif
-      for (; i < len; ++i) out[i] = static_cast<float>(src[(i / 8) * 64 + i % 8]) * scale;
-    }
-  }
+
+// Quantize `m` rows of `k` activations to int8 (and their absolute values, which the kernel multiplies), per
+// block of 32 (zero-padded to `kp`), with one scale per block.
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* abs_xq, float* xs) {
+  const int64_t nb = kp / kBlock;
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const T* in = x + r * k + b * kBlock;
+        int8_t* q = xq + r * kp + b * kBlock;
+        int8_t* abs_q = abs_xq + r * kp + b * kBlock;
+        const int64_t len = std::min(kBlock, k - b * kBlock);
+#ifdef TRITONLLM_AVX2
+        if constexpr (simd::kVectorLoad<T>) {
+          if (len == kBlock) {
+            xs[r * nb + b] = quantize_block(in, q, abs_q) / 127.f;
+            continue;
+          }
+        }
+#endif
+        float amax = 0.f;
+        for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(to_float(in[i])));
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        xs[r * nb + b] = amax / 127.f;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          q[i] = i < len ? static_cast<int8_t>(std::nearbyint(to_float(in[i]) * inv)) : 0;
+          abs_q[i] = static_cast<int8_t>(std::abs(q[i]));
+        }
+      }
+  });
 }
 
 #ifdef TRITONLLM_AVX2
-// One token's activations for the kernel: per block, per chunk of 8 inputs, the 8 int8 values repeated 4 times
-// (one copy per row of a 32-byte weight load), then their absolute values likewise: 256 bytes per block.
-constexpr int64_t kSpreadBlock = 256;
-
-void spread_activations(const int8_t* xq, int64_t nb, int8_t* spread) {
-  for (int64_t b = 0; b < nb; ++b)
-    for (int64_t c = 0; c < 4; ++c) {
-      int64_t chunk;
-      std::memcpy(&chunk, xq + b * kBlock + c * 8, 8);
-      const __m256i x = _mm256_set1_epi64x(chunk);
-      __m256i* out = reinterpret_cast<__m256i*>(spread + b * kSpreadBlock + c * 64);
-      _mm256_storeu_si256(out, x);
-      _mm256_storeu_si256(out + 1, _mm256_sign_epi8(x, x));
-    }
+inline __m256i broadcast8(const int8_t* p) {  // 8 int8 values, repeated 4 times
+  int64_t chunk;
+  std::memcpy(&chunk, p, 8);
+  return _mm256_set1_epi64x(chunk);
 }
 
-// acc[m] += the 8 rows' dot products (in slot order) with RM tokens, over a tile's nb blocks. maddubs needs one
+// acc[m] = the 8 rows' dot products (in slot order) with RM tokens, over a tile's nb blocks. maddubs needs one
 // unsigned operand: |x| and w carrying x's sign give the same products (|values| <= 127, so no saturation).
+// xq and its absolute values abs_xq are [tokens, nb * 32].
 template <int RM>
-void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* spread, const float* xs, __m256* acc) {
+void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t* abs_xq, const float* xs, __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -110,10 +123,10 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* spread, const fl
     const __m256i* w = reinterpret_cast<const __m256i*>(block + kScaleBytes);
     const __m256 scales = _mm256_loadu_ps(block_scales(block));
     for (int m = 0; m < RM; ++m) {
-      const __m256i* x = reinterpret_cast<const __m256i*>(spread + (m * nb + b) * kSpreadBlock);
+      const int64_t at = (m * nb + b) * kBlock;
       __m256i rows0123 = _mm256_setzero_si256(), rows4567 = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
-        const __m256i xc = _mm256_loadu_si256(x + 2 * c), abs_xc = _mm256_loadu_si256(x + 2 * c + 1);
+        const __m256i xc = broadcast8(xq + at + 8 * c), abs_xc = broadcast8(abs_xq + at + 8 * c);
         const __m256i w0 = _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c), xc);
         const __m256i w1 = _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c + 1), xc);
         rows0123 = _mm256_add_epi32(rows0123, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_xc, w0), ones));
@@ -143,12 +156,13 @@ void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const floa
 }
 
 template <typename T>
-at::Tensor small_batch(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
   at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
+  at::Tensor abs_xq = at::empty({m, kp}, x.options().dtype(at::kChar));
   at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), abs_xq.data_ptr<int8_t>(), xs.data_ptr<float>());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
@@ -156,21 +170,18 @@ at::Tensor small_batch(const at::Tensor& x, const at::Tensor& packed, const c10:
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* xsp = xs.data_ptr<float>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-#ifdef TRITONLLM_AVX2
-  at::Tensor spread = at::empty({m, nb * kSpreadBlock}, x.options().dtype(at::kChar));
-  for (int64_t t = 0; t < m; ++t) spread_activations(xq.data_ptr<int8_t>() + t * kp, nb, spread.data_ptr<int8_t>() + t * nb * kSpreadBlock);
-  const int8_t* sp = spread.data_ptr<int8_t>();
-#endif
+  const int8_t* xqp = xq.data_ptr<int8_t>();
+  const int8_t* abs_xqp = abs_xq.data_ptr<int8_t>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    float rows[4 * kTileRows];  // [token][slot] (AVX2) or [token][row] (portable)
+    std::vector<float> rows(m * kTileRows);  // [token][row]
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * nb * kTileBlock;
 #ifdef TRITONLLM_AVX2
       for (int64_t m0 = 0; m0 < m; m0 += 2) {
         __m256 acc[2];
         const int64_t tokens = std::min<int64_t>(2, m - m0);
-        if (tokens == 2) packed_tile<2>(tile, nb, sp + m0 * nb * kSpreadBlock, xsp + m0 * nb, acc);
-        else packed_tile<1>(tile, nb, sp + m0 * nb * kSpreadBlock, xsp + m0 * nb, acc);
+        if (tokens == 2) packed_tile<2>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
+        else packed_tile<1>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
         for (int64_t i = 0; i < tokens; ++i) {
           float slots[kTileRows];
           _mm256_storeu_ps(slots, acc[i]);
@@ -178,7 +189,7 @@ at::Tensor small_batch(const at::Tensor& x, const at::Tensor& packed, const c10:
         }
       }
 #else
-      portable_tile(tile, nb, xq.data_ptr<int8_t>(), xsp, m, rows);
+      portable_tile(tile, nb, xqp, xsp, m, rows.data());
 #endif
       for (int64_t i = 0; i < m; ++i)
         for (int64_t r = 0; r < kTileRows; ++r) {
@@ -221,20 +232,6 @@ at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
   return packed;
 }
 
-// The packed weights as fp32 [ceil(N/8) * 8, k] (k <= Kp: the layer's true input width).
-at::Tensor int8_expand(const at::Tensor& packed, int64_t k) {
-  check_packed(packed);
-  const int64_t tiles = packed.size(0), nb = packed.size(1);
-  TORCH_CHECK(k <= nb * kBlock && k > (nb - 1) * kBlock, "k must be the width the weights were packed from");
-  at::Tensor out = at::empty({tiles * kTileRows, k}, packed.options().dtype(at::kFloat));
-  const uint8_t* pp = packed.data_ptr<uint8_t>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) expand_tile_rows(pp + t * nb * kTileBlock, nb, k, 0, kTileRows, op + t * kTileRows * k);
-  });
-  return out;
-}
-
 // x [..., K] float32/bfloat16; packed from int8_pack; bias (optional) padded like the rows, to ceil(N/8) * 8.
 // Returns [..., ceil(N/8) * 8]: callers drop the padded rows.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
@@ -243,13 +240,6 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
   TORCH_CHECK(x.size(-1) <= nb * kBlock && x.size(-1) > (nb - 1) * kBlock, "activations have ", x.size(-1), " features; the weight holds ", nb * kBlock, " (padded)");
   check_activations(x, x.size(-1));
   check_bias(bias, tiles * kTileRows);
-  const int64_t k = x.size(-1), m = x.numel() / k;
-  if (m > kSmallBatch) {
-    const uint8_t* pp = packed.data_ptr<uint8_t>();
-    return wide_linear(x, tiles * kTileRows, bias, [&](int64_t n0, int64_t rows, float* dst) {
-      expand_tile_rows(pp + (n0 / kTileRows) * nb * kTileBlock, nb, k, n0 % kTileRows, rows, dst);
-    });
-  }
-  if (x.scalar_type() == at::kFloat) return small_batch<float>(x, packed, bias);
-  return small_batch<at::BFloat16>(x, packed, bias);
+  if (x.scalar_type() == at::kFloat) return dot_product<float>(x, packed, bias);
+  return dot_product<at::BFloat16>(x, packed, bias);
 }

@@ -1,7 +1,7 @@
-// Linear layers over bf16 weights (fp32 or bf16 activations, fp32 accumulation), read straight from memory at
-// decode time, and the wide path both weight formats share for larger batches (int8 weights: int8_linear.cpp).
-// Batch-1 decode is memory-bound, so reading a quarter (int8) or half (bf16) of fp32's bytes is the speed-up.
-// Tiles of a few weight rows x a few tokens keep weights in L1 across tokens for larger batches.
+// Linear layers over bf16 weights (fp32 or bf16 activations, fp32 accumulation; int8 weights: int8_linear.cpp).
+// Batch-1 decode is memory-bound, so reading half of fp32's bytes is the speed-up: a few tokens multiply the
+// bf16 rows straight from memory. More tokens are compute-bound: tiles of rows are expanded to fp32 in cache
+// and every token goes over them with FMAs.
 // The AVX2 paths are used when the translation unit is compiled with AVX2+FMA (cpu_kernels.py builds one
 // variant per instruction set and picks it from the CPU's flags); otherwise portable loops run.
 #include <torch/extension.h>
@@ -119,11 +119,11 @@ at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10:
   });
 }
 
-// Larger batches (prefill, many decodes) are compute-bound: maddubs needs ~7 instructions per 32 int8 products
-// where fp32 FMA needs 4, so there each tile of weight rows is expanded once to fp32 in a small buffer and
-// multiplied by every token with FMAs (weights from cache, activations unquantized).
+// The wide path: each tile of weight rows is expanded once to fp32 in a small buffer and multiplied by every
+// token with FMAs (weights from cache). Up to kSmallBatch tokens the few-token kernel is faster (bench_kernels,
+// 1 thread, SmolLM2's layers: 8 tokens 33.9 vs 41.7 ms; even at 16; slower from 32).
 constexpr int64_t kWideRows = 4, kWideTokens = 3;  // 12 accumulators + 3 activation vectors
-constexpr int64_t kSmallBatch = 4;                 // up to this many tokens the few-token kernels run
+constexpr int64_t kSmallBatch = 8;
 
 void expand_rows(const uint16_t* w, int64_t rows, int64_t k, float* dst) {
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);
@@ -158,10 +158,9 @@ void fp32_tile(const float* w, int64_t rows, const float* x, int64_t tokens, int
     for (int64_t m = 0; m < tokens; ++m) acc_out[m * kWideRows + n] = total[n][m];
 }
 
-// Threads split the weight rows; each expands its rows tile by tile (`expand(n0, rows, buffer)`) and runs
-// all tokens over each tile.
-template <typename Out, typename ExpandFn>
-void run_wide(int64_t n_rows, int64_t m_tokens, int64_t k, const float* x, const float* bias, Out* out, ExpandFn expand) {
+// Threads split the weight rows; each expands its rows tile by tile and runs all tokens over each tile.
+template <typename Out>
+void run_wide(int64_t n_rows, int64_t m_tokens, int64_t k, const uint16_t* w, const float* x, const float* bias, Out* out) {
   const int64_t row_tiles = (n_rows + kWideRows - 1) / kWideRows;
   at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> rows_fp32(kWideRows * k);
@@ -169,7 +168,7 @@ void run_wide(int64_t n_rows, int64_t m_tokens, int64_t k, const float* x, const
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kWideRows, rows = std::min(kWideRows, n_rows - n0);
       if (rows < kWideRows) std::fill(rows_fp32.begin(), rows_fp32.end(), 0.f);  // full tiles: zero rows
-      expand(n0, rows, rows_fp32.data());
+      expand_rows(w + n0 * k, rows, k, rows_fp32.data());
       for (int64_t m0 = 0; m0 < m_tokens; m0 += kWideTokens) {
         const int64_t tokens = std::min(kWideTokens, m_tokens - m0);
         fp32_tile(rows_fp32.data(), kWideRows, x + m0 * k, kWideTokens, k, acc);  // x is padded
@@ -199,18 +198,18 @@ void check_bias(const c10::optional<at::Tensor>& bias, int64_t n) {
   if (bias) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "bias must be float32 [out_features]");
 }
 
-template <typename ExpandFn>
-at::Tensor wide_linear(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias, ExpandFn expand) {
-  const int64_t k = x.size(-1), m = x.numel() / k;
+at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = x.size(-1), m = x.numel() / k, n = weight.size(0);
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   const at::Tensor x32 = fp32_activations(x, m, k);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   if (x.scalar_type() == at::kFloat)
-    run_wide(n, m, k, x32.data_ptr<float>(), bp, out.data_ptr<float>(), expand);
+    run_wide(n, m, k, w, x32.data_ptr<float>(), bp, out.data_ptr<float>());
   else
-    run_wide(n, m, k, x32.data_ptr<float>(), bp, out.data_ptr<at::BFloat16>(), expand);
+    run_wide(n, m, k, w, x32.data_ptr<float>(), bp, out.data_ptr<at::BFloat16>());
   return out;
 }
 
@@ -222,12 +221,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   check_activations(x, w.size(1));
   check_bias(bias, w.size(0));
   const int64_t k = x.size(-1), m = x.numel() / k;
-  if (m > kSmallBatch) {
-    const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-    return wide_linear(x, w.size(0), bias, [&](int64_t n0, int64_t rows, float* dst) {
-      expand_rows(wp + n0 * k, rows, k, dst);
-    });
-  }
+  if (m > kSmallBatch) return wide_linear(x, w, bias);
   if (x.scalar_type() == at::kFloat) return bf16_linear_impl<float>(x, w, bias);
   return bf16_linear_impl<at::BFloat16>(x, w, bias);
 }
