@@ -20,6 +20,7 @@ from tritonllm.builder.torch_engine import WEIGHTS_FILE
 from tritonllm.engine import EngineConfig
 from tritonllm.engine_format import read_build_info
 from tritonllm.model.args import UnsupportedModelError
+from tritonllm.model.cpu_kernels import load_kernels
 from tritonllm.precision import TORCH_QUANTIZATIONS
 from tritonllm.triton.models.tensorrt_llm import engine_config
 
@@ -132,3 +133,16 @@ def test_engine_dir_limits_become_the_triton_engine_defaults(engines: dict[str, 
 def test_plain_checkpoint_dirs_still_default_to_no_quantization(tiny_llama_dir: Path) -> None:
     assert EngineConfig(model=str(tiny_llama_dir)).quantization == "none"
     assert engine_config({"engine_dir": str(tiny_llama_dir)}).max_model_len is None
+
+
+def test_auto_quantization_keeps_what_was_built_else_int8_on_the_kernels(
+    engines: dict[str, Path], tiny_llama_dir: Path
+) -> None:
+    """auto (the serving default): an engine directory loads as built, even unquantized; a checkpoint gets
+    int8 where the CPU kernels run (faster than bf16 at every batch size, closer to fp32), fp32 activations.
+    """
+    for built in ("none", "fp8"):
+        assert EngineConfig(model=str(engines[built]), quantization="auto").quantization == built
+    config = EngineConfig(model=str(tiny_llama_dir), quantization="auto", dtype="auto")
+    on_kernels = load_kernels() is not None
+    assert (config.quantization, config.dtype) == (("int8", "float32") if on_kernels else ("none", "float32"))
