@@ -30,38 +30,66 @@ def test_kernel_builds_on_this_machine() -> None:
     assert load_kernels() is not None, "no compiler? the engine would fall back to the slow path"
 
 
+# (queries, cache) dtypes: one dtype, or a bf16 cache under fp32 activations (the int8 engine's).
+DTYPES = [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.float32, torch.bfloat16)]
+DTYPE_IDS = ["fp32", "bf16", "fp32-bf16-cache"]
+
+
 @pytest.mark.parametrize("isa", supported_isas())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_torch(isa: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
+def test_kernel_matches_torch(isa: str, dtypes: tuple[torch.dtype, torch.dtype]) -> None:
     kernel = load_kernels(isa)
+    dtype, cache_dtype = dtypes
     gen = torch.Generator().manual_seed(0)
     kv_heads, blocks, bs, head_dim, heads, d = 3, 64, 4, 16, 9, 7
-    k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(dtype)
-    v_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(dtype)
+    k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
     lengths = torch.tensor([1, 4, 5, 17, 30, 2, 32])
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:8] for _ in range(d)])
     q = torch.randn(d, heads, head_dim, generator=gen).to(dtype)
     got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, 0.25)
+    assert got.dtype == dtype
     expected = torch_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, lengths, 0.25)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_cache_writes_a_bf16_cache_as_pytorch_does(dtype: torch.dtype) -> None:
+    """The kernel's RoPE + cache write, into a cache of the activations' dtype or a bf16 one under fp32,
+    equals the PyTorch version (which rounds the same fp32 values to bf16)."""
+    kernels = load_kernels()
+    gen = torch.Generator().manual_seed(5)
+    tokens, heads, kv_heads, head_dim, blocks, bs = 5, 4, 2, 16, 6, 4
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    angles = torch.rand(tokens, head_dim, generator=gen)
+    cos, sin, slots = angles.cos(), angles.sin(), torch.tensor([3, 0, 9, 21, 17])
+    results = []
+    for ops in (kernels, llama.TorchLayerOps):
+        caches = [torch.zeros(kv_heads, blocks, bs, head_dim, dtype=dtype) for _ in range(2)]
+        qk = ops.rope_and_cache(qkv, cos, sin, slots, caches[0], caches[1], heads)
+        results.append((qk, *caches))
+    for got, expected in zip(*results, strict=True):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("lengths", [[1000], [1000, 7, 333]], ids=["one", "three"])
 def test_long_contexts_split_across_threads_match_torch(
-    isa: str, dtype: torch.dtype, threads: int, lengths: list[int]
+    isa: str, dtypes: tuple[torch.dtype, torch.dtype], threads: int, lengths: list[int]
 ) -> None:
     """SmolLM2's geometry (9 heads, 3 kv heads, head_dim 64, blocks of 16): fewer (sequence, kv head) pairs
     than 4 per thread are cut into spans merged by log-sum-exp (one sequence always; three with 2 threads);
     runs of 8 keys and 32 value lanes take the vector paths, a ragged last block the scalar ones."""
     kernel = load_kernels(isa)
+    dtype, cache_dtype = dtypes
     gen = torch.Generator().manual_seed(1)
     kv_heads, blocks, bs, head_dim, heads = 3, 160, 16, 64, 9
-    k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(dtype)
-    v_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(dtype)
+    k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:63] for _ in lengths])
     q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
     previous = torch.get_num_threads()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
 from engine_helpers import greedy, hf_greedy, make_engine
 
 from tritonllm.engine import EngineBusyError, EngineConfig, FinishReason, InvalidRequestError
+from tritonllm.model.cpu_kernels import load_kernels
 
 PROMPT = list(range(50, 70))
 
@@ -49,6 +52,22 @@ def test_impossible_limits_are_refused(tiny_llama_dir: Path) -> None:
         EngineConfig(model=str(tiny_llama_dir), tokens_per_block=0)
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(model=str(tiny_llama_dir), quantization="int3")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineConfig(model=str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="float32")
+
+
+def test_kv_cache_is_bf16_under_int8_where_the_kernels_run(tiny_llama_dir: Path) -> None:
+    """fp32 stays the exact reference (KV included); int8 on the CPU kernels keeps its KV in bf16, and an
+    explicit bf16 cache under fp32 activations is allowed everywhere."""
+    config = partial(EngineConfig, model=str(tiny_llama_dir))
+    assert config(dtype="float32").kv_cache_dtype == "float32"
+    assert config(dtype="bfloat16").kv_cache_dtype == "bfloat16"
+    on_kernels = load_kernels() is not None
+    assert config(quantization="int8").kv_cache_dtype == ("bfloat16" if on_kernels else "float32")
+    assert config(kv_cache_dtype="bfloat16").kv_cache_dtype == "bfloat16"
+    engine = make_engine(tiny_llama_dir, quantization="int8", kv_cache_dtype="bfloat16")
+    assert engine.runner.kv_cache.dtype == torch.bfloat16
+    assert len(engine.generate([PROMPT], greedy(8))[0]) == 8
 
 
 def test_full_waiting_queue_rejects_with_busy(tiny_llama_dir: Path) -> None:

@@ -19,7 +19,7 @@ def token_logprobs(runner: ModelRunner, token_ids: list[int]) -> torch.Tensor:
     n, device, a = len(token_ids), runner.device, runner.args
     blocks = -(-n // runner.tokens_per_block)
     shape = (a.num_layers, 2, a.num_kv_heads, blocks, runner.tokens_per_block, a.head_dim)
-    scratch = torch.zeros(shape, dtype=runner.dtype, device=device)
+    scratch = torch.zeros(shape, dtype=runner.kv_cache_dtype, device=device)
     long = {"dtype": torch.long, "device": device}
     meta = AttentionMetadata(
         slot_mapping=torch.arange(n, **long),

@@ -30,12 +30,14 @@ class ModelRunner:
         torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
+        self.kv_cache_dtype = TORCH_DTYPES[config.kv_cache_dtype]
         self.model = load_model(config.model, config.dtype, config.device, config.quantization)
         self.kernels = describe_kernels(self.device)
         log.info(
-            "engine: dtype=%s quantization=%s kernels=%s threads=%d",
+            "engine: dtype=%s quantization=%s kv cache=%s kernels=%s threads=%d",
             config.dtype,
             config.quantization,
+            config.kv_cache_dtype,
             self.kernels,
             config.num_threads,
         )
@@ -43,7 +45,12 @@ class ModelRunner:
         self.tokens_per_block = config.tokens_per_block
         a = self.args
         bytes_per_block = (
-            2 * a.num_layers * config.tokens_per_block * a.num_kv_heads * a.head_dim * self.dtype.itemsize
+            2
+            * a.num_layers
+            * config.tokens_per_block
+            * a.num_kv_heads
+            * a.head_dim
+            * self.kv_cache_dtype.itemsize
         )
         self.bytes_per_block = bytes_per_block
         self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_bytes // bytes_per_block)
@@ -54,7 +61,7 @@ class ModelRunner:
             self.num_blocks,
             config.tokens_per_block,
             a.head_dim,
-            dtype=self.dtype,
+            dtype=self.kv_cache_dtype,
             device=self.device,
         )
         self.sampler = Sampler()

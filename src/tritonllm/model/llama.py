@@ -83,8 +83,10 @@ class TorchLayerOps:
         qk = qkv[:, : (heads + kv_heads) * head_dim].reshape(-1, heads + kv_heads, head_dim)
         qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]
         v = qkv[:, (heads + kv_heads) * head_dim :].reshape(-1, kv_heads, head_dim)
-        k_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, qk[:, heads:].transpose(0, 1))
-        v_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1))
+        k_cache.view(kv_heads, -1, head_dim).index_copy_(
+            1, slots, qk[:, heads:].transpose(0, 1).to(k_cache.dtype)
+        )
+        v_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1).to(v_cache.dtype))
         return qk
 
     @staticmethod
@@ -154,8 +156,8 @@ class DecoderLayer(nn.Module):
                 self.scale,
             )
         d = q.shape[0]
-        keys = gather_blocks(k_cache, meta.decode_block_tables)
-        values = gather_blocks(v_cache, meta.decode_block_tables)
+        keys = gather_blocks(k_cache, meta.decode_block_tables).to(q.dtype)
+        values = gather_blocks(v_cache, meta.decode_block_tables).to(q.dtype)
         q = q.view(d, a.num_kv_heads, -1, a.head_dim).transpose(0, 1)  # [kv_heads, D, group, head_dim]
         visible = torch.arange(keys.shape[2], device=q.device) < meta.decode_context_lens[:, None]
         scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale
@@ -173,8 +175,8 @@ class DecoderLayer(nn.Module):
             values = v[span.start : span.start + span.length].transpose(0, 1)[None]
             bias, causal = None, True
         else:
-            keys = gather_blocks(k_cache, span.block_ids[None])[None, :, 0, : span.context_len]
-            values = gather_blocks(v_cache, span.block_ids[None])[None, :, 0, : span.context_len]
+            keys = gather_blocks(k_cache, span.block_ids[None])[None, :, 0, : span.context_len].to(q.dtype)
+            values = gather_blocks(v_cache, span.block_ids[None])[None, :, 0, : span.context_len].to(q.dtype)
             bias, causal = span.causal_bias(q.dtype, q.device), False
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=bias, is_causal=causal, scale=self.scale, enable_gqa=True

@@ -27,10 +27,11 @@ void add_rms_norm_kernel(T* x, const T* delta, const T* weight, float eps, int64
 }
 
 // Rotates the query and key heads of a fused qkv row (rotate-half RoPE) into `qk`, and writes the rotated
-// keys and the values into the paged cache at each token's slot.
-template <typename T>
+// keys and the values into the paged cache at each token's slot (in the cache's dtype C: T, or bf16 under
+// fp32 activations).
+template <typename T, typename C>
 void rope_cache_kernel(const T* qkv, const T* cos, const T* sin, const int64_t* slots, int64_t tokens,
-                       int64_t heads, int64_t kv_heads, int64_t head_dim, T* qk, T* k_cache, T* v_cache,
+                       int64_t heads, int64_t kv_heads, int64_t head_dim, T* qk, C* k_cache, C* v_cache,
                        int64_t slots_per_head) {
   const int64_t half = head_dim / 2, row = (heads + 2 * kv_heads) * head_dim;
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
@@ -48,9 +49,13 @@ void rope_cache_kernel(const T* qkv, const T* cos, const T* sin, const int64_t* 
         }
         if (h >= heads) {
           const int64_t kv = h - heads;
-          std::copy(out, out + head_dim, k_cache + (kv * slots_per_head + slots[t]) * head_dim);
+          C* k_slot = k_cache + (kv * slots_per_head + slots[t]) * head_dim;
+          C* v_slot = v_cache + (kv * slots_per_head + slots[t]) * head_dim;
           const T* v = qkv + t * row + (heads + kv_heads + kv) * head_dim;
-          std::copy(v, v + head_dim, v_cache + (kv * slots_per_head + slots[t]) * head_dim);
+          for (int64_t i = 0; i < head_dim; ++i) {
+            k_slot[i] = static_cast<C>(static_cast<float>(out[i]));
+            v_slot[i] = static_cast<C>(static_cast<float>(v[i]));
+          }
         }
       }
     }
@@ -94,14 +99,24 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
   const int64_t kv_heads = k_cache.size(0), head_dim = k_cache.size(3), tokens = qkv.size(0);
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv must be contiguous [T, (H + 2 KV) D]");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim && sin.numel() == cos.numel(), "cos/sin must be [T, D]");
-  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && k_cache.scalar_type() == qkv.scalar_type() && v_cache.scalar_type() == qkv.scalar_type(), "dtypes must match");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(), "cos/sin must have qkv's dtype");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "the caches must have one dtype");
+  const bool bf16_cache = qkv.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k_cache.scalar_type() == qkv.scalar_type() || bf16_cache, "the caches must have qkv's dtype, or bfloat16 under float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && slots.scalar_type() == at::kLong && slots.numel() == tokens, "caches contiguous, slots int64 [T]");
   at::Tensor qk = at::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
   const at::Tensor slot_ids = slots.contiguous();
+  const int64_t slots_per_head = k_cache.size(1) * k_cache.size(2);
+  if (bf16_cache) {
+    rope_cache_kernel<float, at::BFloat16>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), slot_ids.data_ptr<int64_t>(),
+                                           tokens, heads, kv_heads, head_dim, qk.data_ptr<float>(), k_cache.data_ptr<at::BFloat16>(),
+                                           v_cache.data_ptr<at::BFloat16>(), slots_per_head);
+    return qk;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, qkv.scalar_type(), "rope_and_cache", [&] {
-    rope_cache_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), slot_ids.data_ptr<int64_t>(),
-                                tokens, heads, kv_heads, head_dim, qk.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
-                                v_cache.data_ptr<scalar_t>(), k_cache.size(1) * k_cache.size(2));
+    rope_cache_kernel<scalar_t, scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), slot_ids.data_ptr<int64_t>(),
+                                          tokens, heads, kv_heads, head_dim, qk.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+                                          v_cache.data_ptr<scalar_t>(), slots_per_head);
   });
   return qk;
 }

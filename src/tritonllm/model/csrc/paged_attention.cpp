@@ -137,15 +137,16 @@ std::vector<Task> plan_tasks(const int64_t* lens, int64_t seqs, const Geometry& 
   return tasks;
 }
 
-template <typename T>
+// T: the queries' and output's dtype; C: the cache's (T, or bf16 under fp32 activations).
+template <typename T, typename C>
 void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, at::Tensor& out) {
   const Geometry geo{q.size(1), k_cache.size(0), q.size(1) / k_cache.size(0), q.size(2), k_cache.size(1),
                      k_cache.size(2), block_tables.size(1)};
   const int64_t seqs = q.size(0), d = geo.head_dim, gd = geo.group * d;
   const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
+  const C* kp = k_cache.data_ptr<C>();
+  const C* vp = v_cache.data_ptr<C>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const std::vector<Task> tasks = plan_tasks(lens, seqs, geo, at::get_num_threads());
@@ -202,8 +203,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [seqs, heads, head_dim]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches must be contiguous [kv_heads, blocks, block_size, head_dim]");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "q and the caches must have one dtype");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "the caches must have one dtype");
+  const bool bf16_cache = q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() || bf16_cache,
+              "the caches must have q's dtype, or bfloat16 under float32 q");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "block tables and lengths must be int64");
   TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "heads must be a multiple of kv heads");
@@ -212,8 +215,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto lens = context_lens.contiguous();
   TORCH_CHECK(lens.numel() == q.size(0) && (lens.numel() == 0 || lens.min().item<int64_t>() >= 1),
               "every decode attends to at least one key");
+  if (bf16_cache) {
+    decode_kernel<float, at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
-    decode_kernel<scalar_t>(q, k_cache, v_cache, tables, lens, scale, out);
+    decode_kernel<scalar_t, scalar_t>(q, k_cache, v_cache, tables, lens, scale, out);
   });
   return out;
 }
