@@ -1,25 +1,31 @@
-"""When the engine loop dies, nothing stays silently green: `tritonllm launch` exits non-zero.
+"""When the engine loop dies, nothing stays silently green: the engine restarts, or the server stops.
 
-The server runs `launch()` (the `tritonllm launch` foreground loop) in a child process on a copy of the
-model repository whose `tensorrt_llm` model is a test double: the real model, with its scheduler made
-to raise (fault injection: nothing else here can kill the loop on demand) once a request with the
-Triton id `kill-engine` is queued. The real server, engine and launcher do the rest.
+Each server runs a copy of the model repository whose `tensorrt_llm` model is a test double: the real
+model, with its scheduler made to raise (fault injection: nothing else here can kill the loop on
+demand) once a request with the Triton id `kill-engine` is queued. The real server, engine and (in the
+first test) launcher do the rest. The other servers are bare `tritonserver` processes, started as the
+shared fixture starts them, without the launcher: the model's own recovery (`models/recovery.py`) is
+all that acts.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 from test_nvidia_clients import engine_inputs, run_stream
 from triton_fixture import READY_TIMEOUT_S, metric_sum, tiny_server_options, wait_for
 from tritonclient.utils import InferenceServerException
 
-from tritonllm.triton.launcher import ENGINE_DIED, TritonServer, templates_dir
+from tritonllm.triton import server as server_module
+from tritonllm.triton.launcher import ENGINE_DIED, LaunchOptions, TritonServer, templates_dir
+from tritonllm.triton.models import recovery
 
 ERRORS = r'tritonllm_requests_finished_total\{[^}]*reason="error"[^}]*\}'
 FAULT_INJECTION = '''
@@ -42,14 +48,63 @@ class TritonPythonModel(TritonPythonModel):  # noqa: F811 -- the test double rep
 '''
 
 
-def test_a_dead_engine_loop_fails_requests_counts_errors_and_stops_the_launcher(
-    tiny_llama_dir: Path, tmp_path: Path
-) -> None:
+def fault_injected_templates(tmp_path: Path) -> Path:
     templates = tmp_path / "templates"
     shutil.copytree(templates_dir(), templates)
     model_py = templates / "tensorrt_llm" / "1" / "model.py"
     model_py.write_text(model_py.read_text() + FAULT_INJECTION)
-    options = tiny_server_options(tiny_llama_dir, disable_kernels=True, drain_timeout_s=1, exit_timeout_s=5)
+    return templates
+
+
+def is_ready(server: TritonServer) -> bool:
+    try:
+        return requests.get(f"http://{server.http_url}/v2/health/ready", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def kill_engine(server: TritonServer) -> None:
+    """Send the request that kills the engine loop; it fails with the dead engine's error."""
+    results = run_stream(
+        server, "tensorrt_llm", engine_inputs([5, 6, 7], 8, True), [], request_id="kill-engine"
+    )
+    errors = [r for r in results if isinstance(r, InferenceServerException)]
+    # gRPC streams carry the message without its status code (UNAVAILABLE: retry elsewhere).
+    assert errors and "engine is not running" in errors[0].message(), results
+
+
+def generates(server: TritonServer) -> bool:
+    url = f"http://{server.http_url}/v2/models/tensorrt_llm_bls/generate"
+    try:
+        response = requests.post(url, json={"text_input": "hello", "max_tokens": 3}, timeout=30)
+    except requests.RequestException:
+        return False
+    return response.status_code == 200 and bool(response.json().get("text_output"))
+
+
+def start_bare(options: LaunchOptions, tmp_path: Path) -> TritonServer:
+    server = TritonServer(options, log_file=tmp_path / "tritonserver.log")
+    server.start()
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+    except BaseException:
+        server.stop(timeout_s=10)
+        raise
+    return server
+
+
+def log_text(tmp_path: Path) -> str:
+    return (tmp_path / "tritonserver.log").read_text(errors="replace")
+
+
+def test_a_dead_engine_loop_fails_requests_counts_errors_and_stops_the_launcher(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """With no restarts left, the model stops Triton: `tritonllm launch` exits with ENGINE_DIED."""
+    templates = fault_injected_templates(tmp_path)
+    options = tiny_server_options(
+        tiny_llama_dir, disable_kernels=True, drain_timeout_s=1, exit_timeout_s=5, max_engine_restarts=0
+    )
     script = (
         "import sys\n"
         "from tritonllm.triton.launcher import LaunchOptions, launch\n"
@@ -60,31 +115,132 @@ def test_a_dead_engine_loop_fails_requests_counts_errors_and_stops_the_launcher(
     child = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT, env=env)
     server = TritonServer(options)  # only for its URLs
     try:
-        ready = f"http://{server.http_url}/v2/health/ready"
-
-        def is_ready() -> bool:
-            try:
-                return requests.get(ready, timeout=2).status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        up = wait_for(lambda: is_ready() or child.poll() is not None, READY_TIMEOUT_S, step_s=0.5)
+        up = wait_for(lambda: is_ready(server) or child.poll() is not None, READY_TIMEOUT_S, step_s=0.5)
         assert up and child.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
         errors_before = metric_sum(server.metrics_url, ERRORS)
 
-        results = run_stream(
-            server, "tensorrt_llm", engine_inputs([5, 6, 7], 8, True), [], request_id="kill-engine"
-        )
-        errors = [r for r in results if isinstance(r, InferenceServerException)]
-        # gRPC streams carry the message without its status code (UNAVAILABLE: retry elsewhere).
-        assert errors and "engine is not running" in errors[0].message(), results
+        kill_engine(server)
         assert wait_for(lambda: metric_sum(server.metrics_url, ERRORS) == errors_before + 1, 2), "counted"
 
         assert child.wait(60) == ENGINE_DIED
-        assert not is_ready(), "nothing answers ready once the engine died"
+        assert not is_ready(server), "nothing answers ready once the engine died"
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        if child.poll() is None:  # SIGTERM first: the launcher stops its server (SIGKILL would orphan it)
+            child.terminate()
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
         log.close()
-    assert "engine loop died" in (tmp_path / "launch.log").read_text()
+    text = (tmp_path / "launch.log").read_text()
+    assert "engine loop died" in text and "stopping tritonserver" in text
+
+
+def test_a_bare_tritonserver_restarts_the_engine_then_stops_past_the_limit(
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Explicit model control (as the launcher and the GPU image run Triton): the model reloads itself,
+    a new engine serves again; the next death is past `max_engine_restarts=1` and stops the server."""
+    monkeypatch.setenv("TRITONLLM_MODEL_REPOSITORY", str(fault_injected_templates(tmp_path)))
+    options = tiny_server_options(
+        tiny_llama_dir, disable_kernels=True, drain_timeout_s=1, exit_timeout_s=5, max_engine_restarts=1
+    )
+    server = start_bare(options, tmp_path)
+    try:
+        assert generates(server)
+        kill_engine(server)
+        assert wait_for(lambda: generates(server), READY_TIMEOUT_S, step_s=0.5), log_text(tmp_path)[-3000:]
+        assert is_ready(server)
+        # The old instance reports its dead engine until Triton has unloaded it, a second or so later.
+        assert wait_for(lambda: metric_sum(server.metrics_url, "tritonllm_engine_alive") == 1.0, 30)
+        assert "restarting the engine (restart 1 of at most 1)" in log_text(tmp_path)
+
+        kill_engine(server)
+        assert wait_for(lambda: not is_ready(server), 10, step_s=0.2), "not ready once the server stops"
+        assert server.process is not None
+        server.process.wait(60)  # exits by itself (within --exit-timeout-secs)
+    finally:
+        server.stop(timeout_s=10)
+    assert "engine loop died after 1 restarts" in log_text(tmp_path)
+
+
+def test_a_bare_tritonserver_without_model_control_stops_when_the_engine_dies(
+    tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tritonserver --model-repository=R` alone (model control `none`): the model cannot reload itself,
+    so it stops the server: readiness goes false at once, then the process exits."""
+    monkeypatch.setenv("TRITONLLM_MODEL_REPOSITORY", str(fault_injected_templates(tmp_path)))
+    command = server_module.server_command
+
+    def default_model_control(*args: object) -> list[str]:
+        return [c for c in command(*args) if c not in ("--model-control-mode=explicit", "--load-model=*")]
+
+    monkeypatch.setattr(server_module, "server_command", default_model_control)
+    options = tiny_server_options(tiny_llama_dir, disable_kernels=True, drain_timeout_s=1, exit_timeout_s=5)
+    server = start_bare(options, tmp_path)
+    try:
+        kill_engine(server)
+        assert wait_for(lambda: not is_ready(server), 10, step_s=0.2), "not ready once the server stops"
+        assert server.process is not None
+        server.process.wait(60)
+    finally:
+        server.stop(timeout_s=10)
+    assert "explicit model load / unload is not allowed" in log_text(tmp_path)
+
+
+class FakeEngine:
+    alive = False
+
+    def __init__(self) -> None:
+        self.shut_down = False
+
+    def shutdown(self, drain_timeout_s: float = 0.0, join_timeout_s: float = 30.0) -> None:
+        self.shut_down = True
+
+
+class FakeBackend:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.loads: list[tuple[str, dict]] = []
+        self.error = error
+
+    def load_model(self, name: str, config: str) -> None:
+        self.loads.append((name, json.loads(config)))
+        if self.error is not None:
+            raise self.error
+
+
+def test_recover_reloads_with_a_changed_config_then_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    stops: list[bool] = []
+    monkeypatch.setattr(recovery, "stop_tritonserver", lambda: stops.append(True) or True)
+    config = {"name": "tensorrt_llm", "parameters": {"engine_dir": {"string_value": "/e"}}}
+
+    engine, pb = FakeEngine(), FakeBackend()
+    assert recovery.recover(pb, "tensorrt_llm", config, engine, limit=2) == "restarted"  # type: ignore[arg-type]
+    assert engine.shut_down and not stops
+    ((name, reloaded),) = pb.loads
+    assert name == "tensorrt_llm" and recovery.restart_count(reloaded) == 1
+    assert reloaded["parameters"]["engine_dir"] == {"string_value": "/e"}
+    assert recovery.restart_count(config) == 0, "the running model's config is left alone"
+
+    twice = recovery.restarted_config(reloaded)
+    assert recovery.recover(pb, "tensorrt_llm", twice, FakeEngine(), limit=2) == "stopped"  # type: ignore[arg-type]
+    assert len(pb.loads) == 1 and stops == [True]
+
+    refused = FakeBackend(RuntimeError("explicit model load / unload is not allowed"))
+    assert recovery.recover(refused, "tensorrt_llm", config, FakeEngine(), limit=2) == "stopped"  # type: ignore[arg-type]
+    assert len(refused.loads) == 1 and stops == [True, True]
+
+
+def test_watchdog_calls_back_once_when_the_engine_dies() -> None:
+    engine = FakeEngine()
+    engine.alive = True
+    calls: list[int] = []
+    watchdog = recovery.EngineWatchdog(engine, lambda: calls.append(1), interval_s=0.01)  # type: ignore[arg-type]
+    try:
+        assert not wait_for(lambda: bool(calls), 0.1)
+        engine.alive = False
+        assert wait_for(lambda: calls == [1], 2)
+        assert not wait_for(lambda: len(calls) > 1, 0.1)
+    finally:
+        watchdog.close()

@@ -35,6 +35,7 @@ def test_render_fills_every_placeholder(tmp_path: Path) -> None:
         assert (repo / model / "1").is_dir()
     engine = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     assert str((tmp_path / "engine").resolve()) in engine and "decoupled: true" in engine
+    assert 'key: "max_engine_restarts" value: { string_value: "3" }' in engine
     assert list((repo / "tensorrt_llm" / "1" / "__pycache__").glob("model.*.pyc")), "precompiled"
 
 
@@ -48,6 +49,8 @@ def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
         options_from_args(args.parse_args(["--model", str(tmp_path), "--decoupled", "false"])).decoupled
         is False
     )
+    restarts = args.parse_args(["--model", str(tmp_path), "--max-engine-restarts", "0"])
+    assert options_from_args(restarts).max_engine_restarts == 0
 
 
 def test_backend_dir_and_command(tmp_path: Path) -> None:

@@ -46,7 +46,9 @@ __all__ = [
     "templates_dir",
 ]
 
-ENGINE_DIED = 3  # `tritonllm launch` exit status when the engine loop died
+# `tritonllm launch` exit status when tritonserver stopped without being asked: the engine loop died
+# more than `max_engine_restarts` times (the model stops the server then), or the server failed.
+ENGINE_DIED = 3
 
 
 def _start_front_door(options: LaunchOptions, server: TritonServer) -> FrontDoorProcess:
@@ -90,16 +92,15 @@ def launch(options: LaunchOptions, ready_timeout_s: float = 300.0) -> int:
             print("tritonllm: Ctrl-C stops the server", file=sys.stderr, flush=True)
         while not stopping and server.process is not None and server.process.poll() is None:
             time.sleep(0.2)
-            if not server.engine_alive():
-                print("tritonllm: the engine loop died (see the log above): stopping", file=sys.stderr)
-                server.stop()
-                return ENGINE_DIED
-        if stopping:
-            print(
-                f"tritonllm: stopping: in-flight requests have {options.drain_timeout_s:g}s to finish, "
-                "then are cancelled...",
-                file=sys.stderr,
-            )
+        if not stopping:  # the model stops Triton when its engine died past max_engine_restarts
+            status = server.stop()
+            print(f"tritonllm: tritonserver stopped on its own (status {status})", file=sys.stderr)
+            return ENGINE_DIED
+        print(
+            f"tritonllm: stopping: in-flight requests have {options.drain_timeout_s:g}s to finish, "
+            "then are cancelled...",
+            file=sys.stderr,
+        )
         return server.stop() or 0
     finally:
         if front_door is not None:

@@ -38,7 +38,7 @@ GAUGES = {
     "tritonllm_kv_cache_blocks_used": "KV-cache blocks held by requests",
     "tritonllm_kv_cache_blocks_free": "KV-cache blocks free (including cached prefixes)",
     "tritonllm_kv_cache_usage_ratio": "Fraction of KV-cache blocks in use",
-    "tritonllm_engine_alive": "1 while the engine loop runs, 0 once it died (the launcher then exits)",
+    "tritonllm_engine_alive": "1 while the engine loop runs, 0 once it died (until the model restarts it)",
 }
 # Counter name -> how to read its running total from EngineStats.
 COUNTERS: dict[str, tuple[str, Callable]] = {

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tritonllm.precision import DTYPES, TORCH_QUANTIZATIONS
 
+DEFAULT_MAX_ENGINE_RESTARTS = 3  # engine restarts in place before a dead engine stops the server
+
 
 @dataclass
 class LaunchOptions:
@@ -33,6 +35,7 @@ class LaunchOptions:
     quantization: str | None = None
     dtype: str | None = None
     drain_timeout_s: float = 5.0
+    max_engine_restarts: int = DEFAULT_MAX_ENGINE_RESTARTS  # then a dead engine loop stops the server
     decoupled: bool = True  # False: tensorrt_llm and the BLS answer unary calls, one response each
     disable_kernels: bool = False  # engine: PyTorch attention instead of the C++ kernel (no build)
     # After the drain Triton only unloads the stubs (seconds) and waits for open HTTP connections;
@@ -60,8 +63,8 @@ class LaunchOptions:
             raise ValueError(f"quantization must be one of {TORCH_QUANTIZATIONS}, got {self.quantization!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.drain_timeout_s < 0 or self.exit_timeout_s < 0:
-            raise ValueError("drain_timeout_s and exit_timeout_s must be >= 0")
+        if self.drain_timeout_s < 0 or self.exit_timeout_s < 0 or self.max_engine_restarts < 0:
+            raise ValueError("drain_timeout_s, exit_timeout_s and max_engine_restarts must be >= 0")
         if self.restrict_admin and not self.admin_key:
             raise ValueError("admin_key must not be empty while the admin APIs are restricted")
 
@@ -110,6 +113,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--exit-timeout", type=int, default=15, help="on stop: seconds Triton may take to exit"
     )
     parser.add_argument(
+        "--max-engine-restarts",
+        type=int,
+        default=DEFAULT_MAX_ENGINE_RESTARTS,
+        help="if the engine loop dies: restarts in place, then the server stops "
+        f"(default {DEFAULT_MAX_ENGINE_RESTARTS})",
+    )
+    parser.add_argument(
         "--decoupled",
         choices=["true", "false"],
         default="true",
@@ -146,6 +156,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         quantization=args.quantization,
         dtype=args.dtype,
         drain_timeout_s=args.drain_timeout,
+        max_engine_restarts=args.max_engine_restarts,
         decoupled=args.decoupled == "true",
         exit_timeout_s=args.exit_timeout,
         restrict_admin=not args.no_restrict_admin,

@@ -125,7 +125,6 @@ class TritonServer:
         self.extra_env = dict(env or {})
         self.process: subprocess.Popen | None = None
         self._workdir: Path | None = None
-        self._alive_checked_at = 0.0
 
     @property
     def http_url(self) -> str:
@@ -172,22 +171,6 @@ class TritonServer:
                     return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready within {timeout_s}s")
-
-    def engine_alive(self) -> bool:
-        """False once the engine reports its loop died (`tritonllm_engine_alive 0` on /metrics)."""
-        now = time.monotonic()
-        if now < self._alive_checked_at + 1.0:
-            return True
-        self._alive_checked_at = now
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=2) as response:
-                text = response.read().decode()
-        except (urllib.error.URLError, ConnectionError, OSError):
-            return True  # not answering is the server's own failure, seen by its exit status
-        return not any(
-            line.startswith("tritonllm_engine_alive") and line.rsplit(" ", 1)[-1] in ("0", "0.0")
-            for line in text.splitlines()
-        )
 
     def drain(self) -> bool:
         """Unload the engine model while Triton still serves: its in-flight requests finish within

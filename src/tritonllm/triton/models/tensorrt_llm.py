@@ -12,6 +12,7 @@ from tritonllm.engine.serving import ServingEngine
 from tritonllm.engine_format import engine_backend, engine_defaults
 from tritonllm.triton import tensors
 from tritonllm.triton.bridge import EngineBridge
+from tritonllm.triton.models import recovery
 from tritonllm.triton.models.common import (
     SenderChannel,
     is_decoupled,
@@ -20,6 +21,7 @@ from tritonllm.triton.models.common import (
     request_inputs,
     request_parameters,
 )
+from tritonllm.triton.options import DEFAULT_MAX_ENGINE_RESTARTS
 from tritonllm.triton.tensors import RequestError
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,11 @@ class EngineModel:
             engine=engine,
             decoupled=self.decoupled,
         )
+        # A dead engine loop: reload this model (a new engine), or stop the server (`recovery`).
+        limit = int(params.get("max_engine_restarts") or DEFAULT_MAX_ENGINE_RESTARTS)
+        self.watchdog = recovery.EngineWatchdog(
+            engine, lambda: recovery.recover(self.pb, args["model_name"], config, engine, limit)
+        )
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -111,5 +118,6 @@ class EngineModel:
         return rows
 
     def finalize(self) -> None:
+        self.watchdog.close()
         self.bridge.shutdown(self.drain_timeout_s)
         self.metrics.close()

@@ -1,0 +1,107 @@
+"""What the `tensorrt_llm` model does when its engine loop dies: restart the engine, else stop the server.
+
+Triton 2.51 (the nvidia-pytriton wheel) gives a Python model no way to report itself unhealthy: a
+model's readiness is its load state, and a stub process that exits is neither restarted nor reported
+(requests then fail with "Stub process ... is not healthy" while `/v2/health/ready` stays 200). What
+it does support is a model loading itself again through the model-control API (`pb_utils.load_model`,
+only under `--model-control-mode=explicit`): Triton loads a new instance (new stub, new engine) while
+the old one keeps answering "engine is not running" (UNAVAILABLE), swaps it in and unloads the old one.
+Triton skips a load whose config is unchanged, so the reload carries a raised `engine_restarts`
+parameter. Where that cannot work (another model-control mode, a failed load, `max_engine_restarts`
+reached) the model stops `tritonserver` with SIGTERM: readiness is false at once and the process exits
+for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tritonllm.engine.protocol import Engine
+
+log = logging.getLogger(__name__)
+
+RESTARTS = "engine_restarts"
+
+
+def restart_count(model_config: dict[str, Any]) -> int:
+    """How many times the engine of this model was restarted (the `engine_restarts` parameter)."""
+    value = model_config.get("parameters", {}).get(RESTARTS, {}).get("string_value", "")
+    return int(value) if value.strip() else 0
+
+
+def restarted_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """The model's config with `engine_restarts` one higher: a load Triton does not skip as unchanged."""
+    config = copy.deepcopy(model_config)
+    count = restart_count(model_config) + 1
+    config.setdefault("parameters", {})[RESTARTS] = {"string_value": str(count)}
+    return config
+
+
+def stop_tritonserver() -> bool:
+    """SIGTERM the `tritonserver` process this stub runs under; False if the parent is something else."""
+    parent = os.getppid()
+    try:
+        name = Path(f"/proc/{parent}/comm").read_text().strip()
+    except OSError:
+        name = ""
+    if not name.startswith("tritonserver"):
+        log.error("the stub's parent (pid %d, %r) is not tritonserver: not stopping it", parent, name)
+        return False
+    os.kill(parent, signal.SIGTERM)
+    return True
+
+
+def recover(pb: ModuleType, model_name: str, model_config: dict[str, Any], engine: Engine, limit: int) -> str:
+    """Release the dead engine, then reload the model (`"restarted"`) or stop the server (`"stopped"`)."""
+    try:  # frees what the engine holds (a TensorRT-LLM executor's GPU memory) before a new one loads
+        engine.shutdown(drain_timeout_s=0.0, join_timeout_s=5.0)
+    except Exception:
+        log.exception("shutting down the dead engine failed")
+    done = restart_count(model_config)
+    if done < limit:
+        log.error("the engine loop died: restarting the engine (restart %d of at most %d)", done + 1, limit)
+        try:
+            pb.load_model(model_name, config=json.dumps(restarted_config(model_config)))
+            return "restarted"
+        except Exception as exc:  # not explicit model control, or the new engine failed to load
+            log.error("reloading %s failed: %s", model_name, exc)
+    else:
+        log.error("the engine loop died after %d restarts (max_engine_restarts=%d)", done, limit)
+    log.error("stopping tritonserver: it cannot serve without the engine; its supervisor should restart it")
+    stop_tritonserver()
+    return "stopped"
+
+
+class EngineWatchdog:
+    """Calls `on_death` once, on its own thread, when the engine's loop has died."""
+
+    def __init__(self, engine: Engine, on_death: Callable[[], object], interval_s: float = 0.5):
+        self._engine = engine
+        self._on_death = on_death
+        self._interval_s = interval_s
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tritonllm-watchdog", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._interval_s):
+            if not self._engine.alive:
+                try:
+                    self._on_death()
+                except Exception:
+                    log.exception("recovering from the engine's death failed")
+                return
