@@ -10,7 +10,7 @@ import uuid
 
 from tritonllm.engine import EngineConfig, SamplingParams
 from tritonllm.engine.serving import ServingEngine
-from tritonllm.precision import DTYPES, TORCH_QUANTIZATIONS
+from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS
 from tritonllm.tokenization import IncrementalDetokenizer, encode_prompt, load_tokenizer
 
 
@@ -21,7 +21,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--quantization", choices=TORCH_QUANTIZATIONS, help="default: as built, else none")
+    parser.add_argument(
+        "--quantization",
+        choices=ENGINE_QUANTIZATIONS,
+        default="auto",
+        help="default auto: as built, else int8 where the CPU kernels run, else none",
+    )
     parser.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="default: the fastest for this machine"
     )

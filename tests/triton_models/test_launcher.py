@@ -53,6 +53,20 @@ def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
     assert options_from_args(restarts).max_engine_restarts == 0
 
 
+def test_launch_serves_auto_quantization_and_dtype_by_default(tmp_path: Path) -> None:
+    """`tritonllm launch` asks the engine for auto (int8 on the CPU kernels, else as built or none) and an
+    auto dtype; an explicit choice renders as given."""
+    args = argparse.ArgumentParser()
+    add_arguments(args)
+    for argv, quantization in (([], "auto"), (["--quantization", "none"], "none")):
+        options = options_from_args(args.parse_args(["--model", str(tmp_path), *argv]))
+        assert (options.quantization, options.dtype) == (quantization, "auto")
+        engine = (
+            render_repository(tmp_path / quantization, options) / "tensorrt_llm" / "config.pbtxt"
+        ).read_text()
+        assert f'key: "quantization" value: {{ string_value: "{quantization}" }}' in engine
+
+
 def test_backend_dir_and_command(tmp_path: Path) -> None:
     paths = pytriton_paths()
     backend = build_backend_dir(tmp_path / "b", paths)
