@@ -43,7 +43,7 @@ KEYS = {
         "tier": "standard",
         "max_concurrency": 1,
         "max_queue": 1,
-        "queue_timeout_s": 0.5,
+        "queue_timeout_s": 0.2,
     },
 }
 
@@ -416,12 +416,20 @@ def test_concurrency_cap_queues_then_times_out(stack: Stack) -> None:
     async def run() -> list[object]:
         client = stack.async_client("conc")
 
+        async def timed(call) -> object:
+            start = time.perf_counter()
+            result = await call
+            durations.append(time.perf_counter() - start)
+            return result
+
         tasks = []
         for i in range(3):  # one at a time: each is in the front door before the next is sent
+            # The first holds the key's one slot for 500 tokens (~0.5 s here, the tiny model's context
+            # allows 510): well past the second's 0.2 s in the queue.
             call = client.completions.create(
-                model=MODEL, prompt="a", max_tokens=300, temperature=0, extra_body={"ignore_eos": True}
+                model=MODEL, prompt="a", max_tokens=500, temperature=0, extra_body={"ignore_eos": True}
             )
-            tasks.append(asyncio.ensure_future(call))
+            tasks.append(asyncio.ensure_future(timed(call)))
             if i < 2:  # the third is refused at once (queue full): nothing to wait for
                 assert await asyncio.to_thread(
                     wait_for, lambda i=i: in_flight(stack, "standard") == i + 1, 10
@@ -430,9 +438,10 @@ def test_concurrency_cap_queues_then_times_out(stack: Stack) -> None:
         await client.close()
         return results
 
+    durations: list[float] = []
     first, second, third = asyncio.run(run())
     assert not isinstance(first, Exception), first
-    assert isinstance(second, openai.RateLimitError) and "waited 0.5s" in second.body["message"]
+    assert isinstance(second, openai.RateLimitError) and "waited 0.2s" in second.body["message"], durations
     assert isinstance(third, openai.RateLimitError) and "queued" in third.body["message"]
 
 

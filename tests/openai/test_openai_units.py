@@ -583,3 +583,184 @@ def _with(index: int, **fields) -> list[dict]:
 )
 def test_tool_turn_errors_name_the_message_and_field(wide, messages: list[dict], param: str) -> None:
     assert _param_of(lambda: wide.chat({"model": "m", "messages": messages})) == (400, param)
+
+
+# The gRPC messages, built and read without tritonclient's tensors: the same bytes and Pieces.
+
+
+def test_grpc_request_is_the_one_tritonclient_builds() -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+    from tritonllm_client.transport import grpc_tensor
+
+    from tritonllm.openai.triton import build_request
+
+    inputs = {
+        "text_input": "héllo <|im_start|>",
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "seed": 2**64 - 1,
+        "priority": -3,
+        "stop_words": ["a", "bç"],
+        "stream": True,
+        "exclude_input_in_output": False,
+        "guided_decoding_guide": "",
+    }
+    outputs = ["finish_reason", "num_output_tokens", "text_output"]
+    ours = build_request("tensorrt_llm_bls", inputs, outputs, "req-1")
+    theirs = _get_inference_request(  # what tritonclient's stream_infer sends for the same request
+        model_name="tensorrt_llm_bls",
+        inputs=[grpc_tensor(n, v) for n, v in inputs.items()],
+        model_version="",
+        request_id="req-1",
+        outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
+    assert ours == theirs
+    assert ours.SerializeToString(deterministic=True) == theirs.SerializeToString(deterministic=True)
+
+
+def _response(outputs: dict, typed: bool = False):
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    response = service_pb2.ModelInferResponse(model_name="m", id="r")
+    for name, (datatype, values) in outputs.items():
+        tensor = response.outputs.add(name=name, datatype=datatype, shape=[len(values)])
+        if datatype == "BYTES":
+            if typed:
+                tensor.contents.bytes_contents.extend(v.encode() for v in values)
+            else:
+                raw = b"".join(len(v.encode()).to_bytes(4, "little") + v.encode() for v in values)
+                response.raw_output_contents.append(raw)  # Triton's layout: a 4-byte length per element
+        else:
+            dtype = {"UINT32": np.uint32, "INT32": np.int32, "FP32": np.float32}[datatype]
+            response.raw_output_contents.append(np.array(values, dtype=dtype).tobytes())
+    return response
+
+
+@pytest.mark.parametrize(
+    ("outputs", "typed"),
+    [
+        ({"text_output": ("BYTES", [" Paris"]), "num_output_tokens": ("UINT32", [2])}, False),
+        (
+            {
+                "text_output": ("BYTES", ["é"]),
+                "finish_reason": ("BYTES", ["length"]),
+                "num_output_tokens": ("UINT32", [1]),
+                "cum_log_probs": ("FP32", [-1.25]),
+                "output_log_probs": ("FP32", [-0.5, -0.75]),
+            },
+            False,
+        ),
+        ({"text_output": ("BYTES", []), "finish_reason": ("BYTES", [""])}, False),  # empty text: ""
+        ({"text_output": ("BYTES", ["x"]), "output_log_probs": ("FP32", [-0.5, -0.25])}, False),  # no count
+        ({"text_output": ("BYTES", ["x"]), "num_output_tokens": ("INT32", [3])}, False),
+        ({"text_output": ("BYTES", ["x"]), "finish_reason": ("BYTES", ["stop"])}, True),  # typed contents
+    ],
+)
+def test_grpc_responses_read_as_tritonclient_reads_them(outputs: dict, typed: bool) -> None:
+    from dataclasses import replace
+
+    from tritonclient.grpc import InferResult
+    from tritonllm_client.results import piece_from_outputs
+
+    from tritonllm.openai.triton import read_piece
+
+    response = _response(outputs, typed)
+    result = InferResult(response)
+    expected = piece_from_outputs({o.name: result.as_numpy(o.name) for o in response.outputs})
+    ours = read_piece(response)
+    assert replace(ours, received_s=0.0) == replace(expected, received_s=0.0)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_content_events_are_the_chunks_bytes(kind: str) -> None:
+    from tritonllm.openai.responses import sse
+
+    builder = ResponseBuilder(kind, 'm "quoted"', logprobs=True)
+    for text in [" Paris", 'a "b" \\ c\n', "é🙂", "\x00", "</s>"]:
+        assert builder.content_event(text) == sse(builder.chunk(Delta(text)))
+
+
+def test_prompt_tokens_are_counted_as_the_tokenizer_counts_them(translator) -> None:
+    encoder = translator.encoder
+    assert encoder._backend is not None  # the fast path is taken for a fast tokenizer
+    for text in ["", "The fox", "<s>user\nHi</s>\n<s>assistant\n", "ünïcode  \t 🙂 " * 5]:
+        assert encoder.count(text) == len(encoder.tokenizer(text)["input_ids"])
+
+
+class _FakeBackend:
+    """Pieces as Triton's BLS streams them: one token each, the last with its finish reason."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+        self.inputs: list[dict] = []
+
+    async def generate(self, inputs: dict, priority: int, request_id: str):
+        self.inputs.append(inputs)
+        for i, text in enumerate(self.texts):
+            last = i == len(self.texts) - 1
+            yield Piece(text, 1, [], None, "length" if last else None, 0.0)
+
+    async def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+def _sse_events(body: bytes) -> list:
+    events = [line[len(b"data: ") :] for line in body.split(b"\n\n") if line]
+    return [e.decode() if e == b"[DONE]" else json.loads(e) for e in events]
+
+
+@pytest.mark.parametrize("stop", [None, "cd"])
+def test_streamed_chat_events_through_the_app(stop: str | None) -> None:
+    """The whole streamed answer through the aiohttp app with a fake backend: role chunk, a chunk per
+    token, finish chunk, usage, [DONE]; the writes are gathered, the events are OpenAI's."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tritonllm.openai.app import FrontDoor
+
+    config = FrontDoorConfig(tokenizer_dir="m", served_model_name="m", max_model_len=64)
+    backend = _FakeBackend(["ab", "c", "de", "f"])
+    door = FrontDoor(config, build_tokenizer(add_bos=True), backend=backend)
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "stop": stop,
+    }
+
+    async def run() -> tuple[int, dict, bytes]:
+        async with TestClient(TestServer(door.app())) as client:
+            response = await client.post("/v1/chat/completions", json=body)
+            return response.status, dict(response.headers), await response.read()
+
+    status, headers, raw = asyncio.run(run())
+    assert status == 200 and headers["Content-Type"] == "text/event-stream"
+    events = _sse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len({c["id"] for c in chunks}) == 1
+    deltas = [c["choices"][0]["delta"].get("content") for c in chunks[1:-2]]
+    finish, use = chunks[-2], chunks[-1]
+    if stop is None:
+        assert deltas == ["ab", "c", "de", "f"]
+        assert finish["choices"][0]["finish_reason"] == "length"
+        assert use["usage"]["completion_tokens"] == 4
+    else:  # "c" is held back until "de" shows it starts the stop string; the text ends before it
+        assert deltas == ["ab"]
+        assert finish["choices"][0]["finish_reason"] == "stop"
+        assert use["usage"]["completion_tokens"] == 3
+    assert finish["choices"][0]["delta"] == {} and use["choices"] == []

@@ -79,6 +79,7 @@ class _Timer:
     def __init__(self, metrics: FrontDoorMetrics, tier: str, started_s: float):
         self.metrics, self.tier, self.started_s = metrics, tier, started_s
         self.last_s: float | None = None
+        self._itl = metrics.itl.labels(tier)  # looked up once, observed per token
 
     def piece(self, piece: Piece) -> None:
         if piece.num_tokens == 0:
@@ -86,7 +87,7 @@ class _Timer:
         if self.last_s is None:
             self.metrics.ttft.labels(self.tier).observe(piece.received_s - self.started_s)
         else:
-            self.metrics.itl.labels(self.tier).observe(piece.received_s - self.last_s)
+            self._itl.observe(piece.received_s - self.last_s)
         self.last_s = piece.received_s
 
     def done(self) -> None:
@@ -280,61 +281,60 @@ class FrontDoor:
         pieces: AsyncIterator[Piece],
     ) -> web.StreamResponse:
         first = await anext(pieces, None)  # an error here still gets its own status
-        response = web.StreamResponse(headers=SSE_HEADERS)
+        response = _EventStream(headers=SSE_HEADERS)
         await response.prepare(request)
+        events = _Events(response)
         calls = gen.tools.stream() if gen.tools is not None else None
         try:
             opening = gen.prompt if gen.echo else ""
             if calls is not None:
-                await response.write(sse(builder.chunk(Delta(""), first=True, tool_calls=calls.opening())))
+                events.add(builder.chunk(Delta(""), first=True, tool_calls=calls.opening()))
             elif gen.kind == "chat" or opening:
-                await response.write(sse(builder.chunk(Delta(opening), first=True)))
+                events.add(builder.chunk(Delta(opening), first=True))
             try:
-                await self._stream_pieces(response, builder, out, timer, first, pieces, calls)
+                await self._stream_pieces(events, builder, out, timer, first, pieces, calls)
             except APIError as exc:  # after the headers: an SSE error event, as OpenAI sends
-                await response.write(sse(exc.body()))
-                await response.write(SSE_DONE)
+                events.add(exc.body())
+                events.done()
+                await events.flush()
                 response[FINAL_STATUS] = exc.status
                 return response
             except TimeoutError:
-                await response.write(sse(APIError(504, "the request timed out", type="server_error").body()))
-                await response.write(SSE_DONE)
+                events.add(APIError(504, "the request timed out", type="server_error").body())
+                events.done()
+                await events.flush()
                 response[FINAL_STATUS] = 504
                 return response
             reason = out.finish_reason
             if reason in UNFINISHED:
                 status, message = UNFINISHED[reason]
-                await response.write(sse(APIError(status, message, type="server_error", code=reason).body()))
+                events.add(APIError(status, message, type="server_error", code=reason).body())
                 response[FINAL_STATUS] = status
             else:
                 if calls is not None:
-                    reason = await self._finish_calls(response, builder, calls, reason)
-                await response.write(sse(builder.chunk(Delta(""), finish_reason=reason)))
+                    reason = self._finish_calls(events, builder, calls, reason)
+                events.add(builder.chunk(Delta(""), finish_reason=reason))
             if gen.include_usage:
-                await response.write(
-                    sse(builder.usage_chunk(usage(gen.prompt_tokens, out.completion_tokens)))
-                )
-            await response.write(SSE_DONE)
-            await response.write_eof()
+                events.add(builder.usage_chunk(usage(gen.prompt_tokens, out.completion_tokens)))
+            events.done()
+            await events.close()
         except ConnectionResetError:  # the client went away between pieces: closing the stream cancels
             response[FINAL_STATUS] = CLIENT_GONE
         return response
 
     @staticmethod
-    async def _finish_calls(
-        response: web.StreamResponse, builder: ResponseBuilder, calls: ToolCallStream, reason: str
-    ) -> str:
+    def _finish_calls(events: _Events, builder: ResponseBuilder, calls: ToolCallStream, reason: str) -> str:
         """The held-back end of the arguments; text that never formed a call goes out as content."""
         tail = calls.finish(complete=reason != "length")
         if tail:
-            await response.write(sse(builder.chunk(Delta(""), tool_calls=tail)))
+            events.add(builder.chunk(Delta(""), tool_calls=tail))
         if calls.name is None and calls.text:
-            await response.write(sse(builder.chunk(Delta(calls.text))))
+            events.add(builder.chunk(Delta(calls.text)))
         return calls.finish_reason(reason)
 
     @staticmethod
     async def _stream_pieces(
-        response: web.StreamResponse,
+        events: _Events,
         builder: ResponseBuilder,
         out: OutputAssembler,
         timer: _Timer,
@@ -342,6 +342,8 @@ class FrontDoor:
         pieces: AsyncIterator[Piece],
         calls: ToolCallStream | None = None,
     ) -> None:
+        """Each piece's event is written as it comes (with the opening chunk and the headers for the
+        first); after a stop string, the rest leaves with the closing events in one write."""
         piece = first
         while piece is not None:
             timer.piece(piece)
@@ -349,16 +351,55 @@ class FrontDoor:
             if calls is not None:  # a forced tool call: the text becomes tool_calls deltas
                 tool_deltas = calls.push(delta.text)
                 if tool_deltas or delta.logprobs:
-                    await response.write(sse(builder.chunk(delta, tool_calls=tool_deltas)))
-            elif delta.text or delta.logprobs:
-                await response.write(sse(builder.chunk(delta)))
+                    events.add(builder.chunk(delta, tool_calls=tool_deltas))
+            elif delta.logprobs:
+                events.add(builder.chunk(delta))
+            elif delta.text:
+                events.add_bytes(builder.content_event(delta.text))
             if out.stopped:
                 return
+            await events.flush()
             piece = await anext(pieces, None)
         tail = out.finish()
         if calls is not None:
             tool_deltas = calls.push(tail.text)
             if tool_deltas:
-                await response.write(sse(builder.chunk(tail, tool_calls=tool_deltas)))
+                events.add(builder.chunk(tail, tool_calls=tool_deltas))
         elif tail.text:
-            await response.write(sse(builder.chunk(tail)))
+            events.add(builder.chunk(tail))
+
+
+class _EventStream(web.StreamResponse):
+    """The SSE response: its headers leave with the first events, in one write (aiohttp >= 3.12 reads
+    this flag; an older one sends them at `prepare`, which is only one more write)."""
+
+    _send_headers_immediately = False
+
+
+class _Events:
+    """SSE events gathered and written together: one socket write per flush instead of one per event."""
+
+    def __init__(self, response: web.StreamResponse):
+        self.response = response
+        self.parts: list[bytes] = []
+
+    def add(self, event: dict[str, Any]) -> None:
+        self.parts.append(sse(event))
+
+    def add_bytes(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def done(self) -> None:
+        self.parts.append(SSE_DONE)
+
+    def _take(self) -> bytes:
+        data = b"".join(self.parts)
+        self.parts.clear()
+        return data
+
+    async def flush(self) -> None:
+        if self.parts:
+            await self.response.write(self._take())
+
+    async def close(self) -> None:
+        await self.response.write_eof(self._take())

@@ -12,8 +12,12 @@ from tritonllm.openai.output import Delta
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def sse(event: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _json(event) + b"\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -34,6 +38,17 @@ class ResponseBuilder:
         self.id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self._text_offset = 0
+        self._content: tuple[bytes, bytes] | None = None  # an event's bytes around its text
+
+    def content_event(self, text: str) -> bytes:
+        """`sse(self.chunk(Delta(text)))` for a non-empty text without log-probabilities, the same
+        bytes, from the request's envelope rendered once (the event streamed for every token)."""
+        if self._content is None:
+            marker = "\x00text\x00"
+            head, tail = sse(self.chunk(Delta(marker))).split(_json(marker))
+            self._content = (head, tail)
+        head, tail = self._content
+        return head + _json(text) + tail
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {

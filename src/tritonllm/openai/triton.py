@@ -5,6 +5,11 @@ reads token counts, log-probabilities and finish reasons exactly as that client 
 iteration early (client gone, stop string, timeout) cancels the gRPC stream; the BLS then cancels the
 engine request, which frees its KV blocks within one step.
 
+The request and the responses are built and read straight from Triton's protobuf messages
+(`build_request`, `read_piece`), byte for byte what `tritonclient` would send and read but without its
+numpy tensors and per-output conversions: that work ran once per token on the front door's event loop.
+Responses in another layout (typed `contents` instead of raw bytes) go through `tritonclient`'s reader.
+
 The engine priority of the caller's tier goes in the `priority` input (lower is served first) where
 the model declares it. Triton's errors become the caller's status: the engine's busy error 429, Triton
 unreachable 503, bad input 400 (Triton names the tensor; the message says which), a missing model 503.
@@ -12,12 +17,22 @@ unreachable 503, bad input 400 (Triton names the tensor; the message says which)
 
 from __future__ import annotations
 
+import asyncio
+import struct
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import tritonclient.grpc as grpcclient
+import numpy as np
 import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import (
+    MAX_GRPC_MESSAGE_SIZE,
+    InferResult,
+    KeepAliveOptions,
+    service_pb2,
+    service_pb2_grpc,
+)
 from tritonclient.utils import InferenceServerException
 from tritonllm_client.errors import (
     ClientError,
@@ -28,7 +43,7 @@ from tritonllm_client.errors import (
     classify,
 )
 from tritonllm_client.results import Piece, piece_from_outputs
-from tritonllm_client.transport import grpc_tensor
+from tritonllm_client.transport import UINT64_INPUTS
 
 from tritonllm.openai.errors import APIError
 
@@ -84,8 +99,106 @@ def api_error(exc: ClientError, retry_after_s: float) -> APIError:
     )
 
 
+_InputTensor = service_pb2.ModelInferRequest.InferInputTensor
+_OutputTensor = service_pb2.ModelInferRequest.InferRequestedOutputTensor
+_INT32 = struct.Struct("<i")
+_UINT64 = struct.Struct("<Q")
+_FP32 = struct.Struct("<f")
+_COUNT_TYPES = {"UINT32": "<u4", "INT32": "<i4", "UINT64": "<u8", "INT64": "<i8"}
+
+
+def _bytes_element(text: str) -> bytes:
+    data = text.encode()
+    return len(data).to_bytes(4, "little") + data
+
+
+def input_tensor(name: str, value: Any) -> tuple[Any, bytes]:
+    """One request value as Triton's `[1, 1]` (`[1, N]` for a list of strings) tensor and its raw bytes:
+    the types of `tritonllm_client.transport.grpc_tensor` (the contract of this repository's models)."""
+    if isinstance(value, list):
+        return _InputTensor(name=name, datatype="BYTES", shape=[1, len(value)]), b"".join(
+            _bytes_element(v) for v in value
+        )
+    if isinstance(value, str):
+        return _InputTensor(name=name, datatype="BYTES", shape=[1, 1]), _bytes_element(value)
+    if isinstance(value, bool):
+        return _InputTensor(name=name, datatype="BOOL", shape=[1, 1]), b"\x01" if value else b"\x00"
+    if isinstance(value, int):
+        if name in UINT64_INPUTS:
+            return _InputTensor(name=name, datatype="UINT64", shape=[1, 1]), _UINT64.pack(value)
+        return _InputTensor(name=name, datatype="INT32", shape=[1, 1]), _INT32.pack(value)
+    return _InputTensor(name=name, datatype="FP32", shape=[1, 1]), _FP32.pack(value)
+
+
+def build_request(model: str, inputs: dict[str, Any], outputs: list[str], request_id: str) -> Any:
+    """The `ModelInferRequest` that `tritonclient` builds from `grpc_tensor` inputs (tested equal)."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for name, value in inputs.items():
+        tensor, raw = input_tensor(name, value)
+        request.inputs.append(tensor)
+        request.raw_input_contents.append(raw)
+    request.outputs.extend(_OutputTensor(name=n) for n in outputs)
+    return request
+
+
+def _first_bytes(raw: bytes) -> str:
+    """The first element of a raw BYTES tensor as text ("" for an empty tensor)."""
+    if len(raw) < 4:
+        return ""
+    size = int.from_bytes(raw[:4], "little")
+    return raw[4 : 4 + size].decode("utf-8", errors="replace")
+
+
+def read_piece(response: Any) -> Piece:
+    """A `ModelInferResponse` -> the Piece `piece_from_outputs` makes of it (tested equal)."""
+    raw = response.raw_output_contents
+    if len(raw) != len(response.outputs):  # typed contents: tritonclient's reader
+        result = InferResult(response)
+        return piece_from_outputs({o.name: result.as_numpy(o.name) for o in response.outputs})
+    text, reason, count, log_probs, cum = "", "", None, None, None
+    for output, data in zip(response.outputs, raw, strict=True):
+        name, datatype = output.name, output.datatype
+        if name == "text_output" and datatype == "BYTES":
+            text = _first_bytes(data)
+        elif name == "finish_reason" and datatype == "BYTES":
+            reason = _first_bytes(data)
+        elif name == "num_output_tokens" and datatype in _COUNT_TYPES:
+            count = int(np.frombuffer(data, dtype=_COUNT_TYPES[datatype])[0])
+        elif name == "output_log_probs" and datatype == "FP32":
+            log_probs = np.frombuffer(data, dtype="<f4").astype(float).tolist()
+        elif name == "cum_log_probs" and datatype == "FP32":
+            cum = float(np.frombuffer(data, dtype="<f4")[0]) if data else None
+        elif name in READ_OUTPUTS:  # an unexpected type: the general reader
+            result = InferResult(response)
+            return piece_from_outputs({o.name: result.as_numpy(o.name) for o in response.outputs})
+    if count is None and log_probs is not None:
+        count = len(log_probs)
+    return Piece(
+        text=text,
+        num_tokens=count,
+        log_probs=log_probs or [],
+        cum_log_prob=cum,
+        finish_reason=reason or None,
+        received_s=time.perf_counter(),
+    )
+
+
+def _channel_options() -> list[tuple[str, Any]]:
+    """`tritonclient`'s own channel options (message size limits, keepalive)."""
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+    ]
+
+
 class TritonBackend:
-    """One gRPC channel to Triton; `generate` streams one request's pieces."""
+    """gRPC to Triton: `tritonclient`'s client for metadata and readiness, and a channel of the same
+    options on which `generate` opens one `ModelStreamInfer` stream per request."""
 
     def __init__(self, url: str, model: str, connect_timeout_s: float, retry_after_s: float):
         self.url = url
@@ -93,7 +206,10 @@ class TritonBackend:
         self.connect_timeout_s = connect_timeout_s
         self.retry_after_s = retry_after_s
         self._client = grpcaio.InferenceServerClient(url)
+        self._channel = grpc.aio.insecure_channel(url, options=_channel_options())
+        self._stream = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelStreamInfer
         self._names: tuple[frozenset[str], frozenset[str]] | None = None
+        self._outputs: dict[bool, list[str]] = {}  # with log-probabilities or not -> outputs to ask for
 
     def _error(self, exc: Exception) -> APIError:
         if isinstance(exc, grpc.aio.AioRpcError):
@@ -131,32 +247,32 @@ class TritonBackend:
             inputs["return_num_output_tokens"] = True
         else:  # NVIDIA's older models: count the log-probabilities, one per token
             inputs["return_log_probs"] = True
-        wanted = (
-            set(READ_OUTPUTS) if inputs.get("return_log_probs") else set(READ_OUTPUTS) - {"output_log_probs"}
-        )
-        request = {
-            "model_name": self.model,
-            "inputs": [grpc_tensor(name, value) for name, value in inputs.items()],
+        want_log_probs = bool(inputs.get("return_log_probs"))
+        outputs = self._outputs.get(want_log_probs)
+        if outputs is None:
+            wanted = set(READ_OUTPUTS) if want_log_probs else set(READ_OUTPUTS) - {"output_log_probs"}
             # Only the outputs read here: the rest (timings, KV counters) would cost a conversion each.
-            "outputs": [grpcclient.InferRequestedOutput(n) for n in sorted(wanted & declared_outputs)],
-            "request_id": request_id,
-        }
-
-        async def one_request() -> AsyncIterator[dict[str, Any]]:
-            yield request  # then half-close: Triton ends the stream after the final response
-
-        responses = self._client.stream_infer(one_request())
+            outputs = self._outputs[want_log_probs] = sorted(wanted & declared_outputs)
+        request = build_request(self.model, inputs, outputs, request_id)
+        call = self._stream()
         try:
-            async for result, error in responses:
-                if error is not None:
-                    raise self._error(error)
-                response = result.get_response()
-                if response.outputs:
-                    yield piece_from_outputs({o.name: result.as_numpy(o.name) for o in response.outputs})
+            try:
+                await call.write(request)
+                await call.done_writing()  # half-close: Triton ends the stream after the final response
+            except asyncio.InvalidStateError:  # the call already ended (e.g. unreachable): read says why
+                pass
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    return
+                if response.error_message:
+                    raise self._error(InferenceServerException(msg=response.error_message))
+                if response.infer_response.outputs:
+                    yield read_piece(response.infer_response)
         except (grpc.aio.AioRpcError, InferenceServerException) as exc:
             raise self._error(exc) from None
         finally:
-            responses.cancel()  # a no-op after the final response; cancels the request otherwise
+            call.cancel()  # a no-op after the final response; cancels the request otherwise
 
     async def ready(self) -> bool:
         """Whether Triton answers and the model is ready."""
@@ -167,3 +283,4 @@ class TritonBackend:
 
     async def close(self) -> None:
         await self._client.close()
+        await self._channel.close()
