@@ -11,7 +11,7 @@ import pytest
 from triton_fixture import wait_for
 
 from tritonllm.engine import EngineConfig
-from tritonllm.triton.bridge import EngineBridge, FinishedRequest
+from tritonllm.triton.bridge import CANCEL_CHECKS_PER_S, EngineBridge, FinishedRequest, cancel_check_interval
 from tritonllm.triton.tensors import EngineRequest, parse_engine_request
 
 WAIT_S = 60.0
@@ -22,6 +22,7 @@ class FakeChannel:
         self.responses: list[tuple[dict | None, str | None, bool]] = []
         self.done = threading.Event()
         self.cancelled = False
+        self.checks = 0
 
     def send(self, outputs, error, final) -> None:
         assert not self.done.is_set(), "a response after the final one"
@@ -30,6 +31,7 @@ class FakeChannel:
             self.done.set()
 
     def is_cancelled(self) -> bool:
+        self.checks += 1
         return self.cancelled
 
     def tokens(self) -> list[int]:
@@ -110,6 +112,21 @@ def test_client_cancellation_frees_blocks_within_a_step(bridge: EngineBridge) ->
     # Stats are refreshed at the end of the step that aborted it.
     assert wait_for(lambda: bridge.engine.stats().kv_blocks_used == 0, 5)
     assert bridge.finished[-1].reason == "abort"
+
+
+def test_cancellation_checks_share_a_budget_per_second(bridge: EngineBridge) -> None:
+    """Each check is an IPC round trip: one request is checked every 50 ms, 32 every 0.32 s, so 32 streams
+    cost about CANCEL_CHECKS_PER_S checks a second, not 640."""
+    assert cancel_check_interval(0.05, 1) == 0.05
+    assert cancel_check_interval(0.05, 32) == pytest.approx(32 / CANCEL_CHECKS_PER_S)
+    channels = [FakeChannel() for _ in range(32)]
+    start = time.monotonic()
+    for i, chan in enumerate(channels):
+        bridge.submit(f"budget{i}", request(list(range(60, 70)), 40, streaming=True), chan)
+    assert all(chan.done.wait(WAIT_S) for chan in channels)
+    elapsed = time.monotonic() - start
+    checks = sum(chan.checks for chan in channels)
+    assert checks <= CANCEL_CHECKS_PER_S * elapsed * 1.5 + len(channels), (checks, elapsed)
 
 
 def test_stop_input_cancels_by_triton_request_id(bridge: EngineBridge) -> None:

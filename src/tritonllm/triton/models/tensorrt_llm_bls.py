@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tritonllm.triton import tensors
-from tritonllm.triton.bridge import Outputs
+from tritonllm.triton.bridge import Outputs, cancel_check_interval
 from tritonllm.triton.models.common import (
     SenderChannel,
     checked_parameters,
@@ -76,9 +76,9 @@ class BLSModel:
     Tokenizes and detokenizes in-process and calls `tensorrt_llm` (decoupled or not, as this model).
     When the client cancels, `tensorrt_llm` gets a `stop` request for the inner request id, which frees
     the engine's KV blocks before its next step (ensembles cannot do this in Triton 2.51). Cancellation
-    is checked after each response (at most every CANCEL_CHECK_S) and swept at that interval for
-    requests still waiting; a stop that may have overtaken its request is sent again when the request
-    answers, so none is lost.
+    is checked after each response (at most every CANCEL_CHECK_S, less often under many requests: the
+    checks share a budget per second) and swept at twice that interval for requests still waiting; a
+    stop that may have overtaken its request is sent again when the request answers, so none is lost.
     """
 
     CANCEL_CHECK_S = 0.05
@@ -219,9 +219,12 @@ class BLSModel:
         result = {"text_output": np.array(texts, dtype=object)}
         return result | {name: outputs[name] for name in PASSTHROUGH_OUTPUTS if name in outputs}
 
-    def _check_cancelled(self, inner_id: str, state: _BlsRequest) -> None:
+    def _check_interval(self) -> float:
+        return cancel_check_interval(self.CANCEL_CHECK_S, len(self._inflight))
+
+    def _check_cancelled(self, inner_id: str, state: _BlsRequest, intervals: int = 1) -> None:
         now = time.monotonic()
-        if state.stopped or now - state.checked_at < self.CANCEL_CHECK_S:
+        if state.stopped or now - state.checked_at < intervals * self._check_interval():
             return
         state.checked_at = now
         try:
@@ -243,8 +246,7 @@ class BLSModel:
             with self._lock:
                 items = list(self._inflight.items())
             for inner_id, state in items:
-                if time.monotonic() - state.checked_at >= 2 * self.CANCEL_CHECK_S:
-                    self._check_cancelled(inner_id, state)
+                self._check_cancelled(inner_id, state, intervals=2)
 
     def _send_stop(self, inner_id: str) -> None:
         """Tell tensorrt_llm to cancel `inner_id` (NVIDIA's `stop` input)."""
