@@ -43,6 +43,7 @@ from peers.report import cpu_info, markdown
 from peers.workloads import RequestSpec, Scale, Workload, make_workloads, run_workload, summarise
 
 from tritonllm.default_model import model_path_or_default
+from tritonllm.engine.config import auto_quantization
 
 SERVERS = ("tritonllm", "llama-bf16", "llama-q8_0", "vllm")
 WORKLOADS = ("b1", "c8", "c32", "mixed", "poisson")
@@ -52,12 +53,15 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def weights_of(engine_args: str) -> str:
-    """What this project's linears read, from the launch options (quantization, else dtype)."""
+def weights_of(engine_args: str, model_dir: Path) -> str:
+    """What this project's linears read, from the launch options (quantization, else dtype); `auto` (the
+    launcher's default) resolved as the server on this machine resolves it."""
     tokens = shlex.split(engine_args)
     flags = ("--quantization", "--dtype")
     value = {flag: tokens[i + 1] for i, flag in enumerate(tokens[:-1]) if flag in flags}
-    quantization = value.get("--quantization", "none")
+    quantization = value.get("--quantization", "auto")
+    if quantization == "auto":
+        quantization = auto_quantization(str(model_dir), "cpu")
     return quantization if quantization != "none" else value.get("--dtype", "default dtype")
 
 
@@ -71,7 +75,7 @@ def build_peers(args: argparse.Namespace, model_dir: Path, log_dir: Path) -> lis
 
     def ours(engine_args: str) -> Callable[[], servers.Peer]:
         label = f"tritonllm {engine_args}".strip()
-        weights = weights_of(engine_args)
+        weights = weights_of(engine_args, model_dir)
         return lambda: servers.tritonllm(
             label, weights, engine_args, args.threads, log_dir, timeout, args.ready_timeout
         )
