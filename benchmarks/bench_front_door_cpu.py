@@ -34,6 +34,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_openai import wait_healthy  # noqa: E402
+
 MODEL_INPUTS = {
     "text_input": "BYTES", "max_tokens": "INT32", "stop_words": "BYTES", "exclude_input_in_output": "BOOL",
     "top_k": "INT32", "top_p": "FP32", "temperature": "FP32", "repetition_penalty": "FP32",
@@ -117,19 +120,6 @@ def serve_fake_triton(port: int, tokens: int, step_ms: float) -> None:
 
 
 # The runs.
-
-
-def wait_healthy(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"the front door at {url} is not healthy after {timeout_s}s")
 
 
 def door_ttft(url: str) -> tuple[float, float]:
