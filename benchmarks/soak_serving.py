@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_serving_paths import free_ports, tensor  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
+from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS  # noqa: E402
 from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
 
 TIMEOUT_S = 300.0
@@ -180,6 +181,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    same = "as `tritonllm launch` (default: auto)"
+    parser.add_argument("--quantization", default="auto", choices=ENGINE_QUANTIZATIONS, help=same)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help=same)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     http, grpc, metrics = free_ports(3)
@@ -190,6 +194,8 @@ def main() -> int:
         metrics_port=metrics,
         num_threads=args.threads,
         max_num_seqs=16,
+        quantization=args.quantization,
+        dtype=args.dtype,
     )
     outcomes: Counter[str] = Counter()
     violations: list[str] = []
