@@ -67,6 +67,8 @@ def test_kv_cache_is_bf16_under_int8_where_the_kernels_run(tiny_llama_dir: Path)
     assert config(kv_cache_dtype="bfloat16").kv_cache_dtype == "bfloat16"
     engine = make_engine(tiny_llama_dir, quantization="int8", kv_cache_dtype="bfloat16")
     assert engine.runner.kv_cache.dtype == torch.bfloat16
+    stats = engine.stats()
+    assert (stats.dtype, stats.quantization, stats.kv_cache_dtype) == ("float32", "int8", "bfloat16")
     assert len(engine.generate([PROMPT], greedy(8))[0]) == 8
 
 

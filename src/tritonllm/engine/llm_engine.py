@@ -54,6 +54,7 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=dict)
     dtype: str = ""  # what the engine runs with ("auto" resolved), for logs and /metrics readers
     quantization: str = ""
+    kv_cache_dtype: str = ""
     kernels: str = ""  # e.g. "cpu-avx2 (avx avx2 f16c fma)", or "pytorch"
 
     @property
@@ -238,6 +239,7 @@ class LLMEngine:
             finished=dict(self._finished),
             dtype=self.config.dtype,
             quantization=self.config.quantization,
+            kv_cache_dtype=self.config.kv_cache_dtype,
             kernels=self.runner.kernels,
         )
 
