@@ -106,6 +106,20 @@ def test_compiled_guides_are_cached_by_content_and_matchers_are_independent(tiny
     assert compiler.matcher("regex", "ab").accept(token_a[0])  # the cached start state is untouched
 
 
+@pytest.mark.parametrize(
+    ("text", "complete"),
+    [('{"a": [1, true]}', True), ("[1, 2]", True), ("[]", True), ('"a"', False), ("12", False)],
+)
+def test_guide_type_json_allows_an_object_or_an_array_at_the_top_level(
+    tiny_llama_dir: Path, text: str, complete: bool
+) -> None:
+    """As xgrammar's builtin JSON grammar, which TensorRT-LLM uses for `json`: a bare scalar is refused."""
+    matcher = GuideCompiler(str(tiny_llama_dir), vocab_size=512, eos_ids=[2]).matcher("json", None)
+    tokens = load_tokenizer(tiny_llama_dir).encode(text, add_special_tokens=False)
+    accepted = all(matcher.accept(token) for token in tokens)
+    assert (accepted and matcher.is_accepting) is complete, matcher.error
+
+
 def test_regex_and_ebnf_outputs_match_and_stop_when_complete(tiny_llama_dir: Path) -> None:
     engine = make_engine(tiny_llama_dir)
     prompts = random_prompts(6, 512, seed=3, max_len=20)
@@ -259,7 +273,7 @@ def test_smollm2_greedy_outputs_validate_against_a_json_schema(smollm2_dir: Path
         assert result.finish_reason is FinishReason.STOP, (rid, text)
         values[rid] = json.loads(text)
         if rid == "any":
-            assert isinstance(values[rid], dict)
+            assert isinstance(values[rid], (dict, list))  # guide type `json`: object or array
         else:
             jsonschema.validate(values[rid], PERSON)
     assert values["1"]["name"] == "Alice" and values["1"]["age"] == 30  # the answer follows the prompt

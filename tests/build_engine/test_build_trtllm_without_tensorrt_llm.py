@@ -30,6 +30,7 @@ from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
 from tritonllm.engine.trtllm_executor import ExecutorSettings, TrtllmEngine, settings_from_parameters
 from tritonllm.engine_format import engine_backend, engine_defaults, read_build_info
+from tritonllm.tokenization import load_tokenizer
 from tritonllm.triton.models.tensorrt_llm import engine_config
 
 WAIT_S = 10.0
@@ -255,6 +256,16 @@ def fake_executor_module(monkeypatch: pytest.MonkeyPatch, trtllm_present: None) 
         "Request",
     ):
         setattr(executor, name, type(name, (Recorded,), {}))
+    executor.GuidedDecodingConfig = type(
+        "GuidedDecodingConfig",
+        (Recorded,),
+        {"GuidedDecodingBackend": enum.Enum("GuidedDecodingBackend", "XGRAMMAR LLGUIDANCE")},
+    )
+    executor.GuidedDecodingParams = type(
+        "GuidedDecodingParams",
+        (Recorded,),
+        {"GuideType": enum.Enum("GuideType", "JSON JSON_SCHEMA REGEX EBNF_GRAMMAR STRUCTURAL_TAG")},
+    )
     executor.CapacitySchedulerPolicy = enum.Enum(
         "CapacitySchedulerPolicy", "GUARANTEED_NO_EVICT MAX_UTILIZATION"
     )
@@ -350,10 +361,88 @@ def test_limits_are_checked_before_enqueueing_without_tensorrt_llm(engine: Trtll
         engine.submit("long", list(range(33)), SamplingParams(max_tokens=1))
     with pytest.raises(InvalidRequestError, match=r"max_tokens: prompt \(30\) \+ max_tokens \(40\) exceed"):
         engine.submit("long", list(range(30)), SamplingParams(max_tokens=40))
-    guided = SamplingParams(max_tokens=4, guided_decoding_guide_type="regex", guided_decoding_guide="a+")
-    with pytest.raises(InvalidRequestError, match="guided_decoding_guide_type: .* TensorRT"):
-        engine.submit("guided", [1], guided)
     assert engine.executor.requests == {}
+
+
+@pytest.fixture
+def guided_engine(fake_executor_module: types.ModuleType, tiny_llama_dir: Path):
+    """An engine whose directory holds a tokenizer (the tiny model's: EOS 2, 512 tokens); its
+    generation config's EOS is 5."""
+    settings = ExecutorSettings(max_seq_len=64, max_input_len=32, tokens_per_block=32, eos_token_ids=(5,))
+    engine = TrtllmEngine(tiny_llama_dir, settings)
+    yield engine
+    engine.shutdown(drain_timeout_s=0.0)
+
+
+def guided(guide_type: str, guide: str | None = None, **kwargs: Any) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=4, guided_decoding_guide_type=guide_type, guided_decoding_guide=guide, **kwargs
+    )
+
+
+def test_guided_decoding_config_from_the_engine_tokenizer_with_a_fake_executor(
+    guided_engine: TrtllmEngine, fake_executor_module: types.ModuleType, tiny_llama_dir: Path
+) -> None:
+    """The executor is faked: this pins the xgrammar config TensorRT-LLM 1.2 would be given, not its use."""
+    config = guided_engine.executor.config.kwargs["guided_decoding_config"]
+    backend = fake_executor_module.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
+    assert config.kwargs.keys() == {"backend", "encoded_vocab", "tokenizer_str", "stop_token_ids"}
+    assert config.kwargs["backend"] is backend
+    vocab = load_tokenizer(tiny_llama_dir).get_vocab()
+    assert len(config.kwargs["encoded_vocab"]) == len(vocab) == 512
+    assert all(config.kwargs["encoded_vocab"][i] == token for token, i in vocab.items())  # in id order
+    assert json.loads(config.kwargs["tokenizer_str"]) == json.loads(
+        (tiny_llama_dir / "tokenizer.json").read_text()
+    )
+    assert config.kwargs["stop_token_ids"] == [2, 5]  # the tokenizer's EOS and the engine's
+
+
+def test_an_engine_without_a_tokenizer_has_no_guided_decoding_with_a_fake_executor(
+    engine: TrtllmEngine,
+) -> None:
+    """The executor is faked: it starts without a guided decoding config and guided requests are refused."""
+    assert engine.executor.config.kwargs["guided_decoding_config"] is None
+    with pytest.raises(
+        InvalidRequestError, match="guided_decoding_guide_type: guided decoding is off: no usable"
+    ):
+        engine.submit("g", [1], guided("regex", "a+"))
+    assert engine.executor.requests == {}
+
+
+def test_guided_requests_map_to_guided_decoding_params_with_a_fake_executor(
+    guided_engine: TrtllmEngine, fake_executor_module: types.ModuleType
+) -> None:
+    """The executor is faked: the four guide types map to NVIDIA's `GuideType` members, the guide as is."""
+    schema = '{"type": "object"}'
+    cases = {
+        "json": (guided("json"), "JSON", None),
+        "json_schema": (guided("json_schema", schema), "JSON_SCHEMA", schema),
+        "regex": (guided("regex", "[0-9]+", end_id=2), "REGEX", "[0-9]+"),
+        "ebnf_grammar": (guided("ebnf_grammar", 'root ::= "a"'), "EBNF_GRAMMAR", 'root ::= "a"'),
+    }
+    for rid, (params, _, _) in cases.items():
+        guided_engine.submit(rid, [1], params)
+    guided_engine.submit("plain", [1], SamplingParams(max_tokens=4))
+    requests = [r.kwargs for r in guided_engine.executor.requests.values()]
+    guide_type = fake_executor_module.GuidedDecodingParams.GuideType
+    for request, (_, member, guide) in zip(requests[:4], cases.values(), strict=True):
+        assert request["guided_decoding_params"].kwargs == {"guide_type": guide_type[member], "guide": guide}
+    assert [r["end_id"] for r in requests] == [5, 5, 2, 5, 5]
+    assert requests[-1]["guided_decoding_params"] is None
+
+
+def test_guided_requests_that_cannot_end_on_a_stop_token_are_refused_with_a_fake_executor(
+    guided_engine: TrtllmEngine,
+) -> None:
+    """The executor is faked: xgrammar allows only its stop tokens once the grammar is complete, so a
+    guided request without an end id (ignore_eos) or with another one is refused before enqueueing."""
+    with pytest.raises(InvalidRequestError, match=r"ignore_eos: .* stop tokens \[2, 5\]"):
+        guided_engine.submit("a", [1], guided("json", ignore_eos=True))
+    with pytest.raises(InvalidRequestError, match=r"end_id: .* stop tokens \[2, 5\]"):
+        guided_engine.submit("b", [1], guided("regex", "a+", end_id=7))
+    assert guided_engine.executor.requests == {}
+    guided_engine.submit("c", [1], SamplingParams(max_tokens=4, ignore_eos=True))  # unguided: allowed
+    assert len(guided_engine.executor.requests) == 1
 
 
 def test_iteration_stats_map_to_engine_stats_without_tensorrt_llm(engine: TrtllmEngine) -> None:

@@ -280,6 +280,14 @@ def test_requests_translate_to_bls_inputs(translator) -> None:
     assert default.max_tokens == 64 - default.prompt_tokens  # chat: up to the context length
 
 
+def test_json_object_response_format_forces_an_object(translator) -> None:
+    """OpenAI's `json_object` means an object: a `{"type": "object"}` schema, not guide type `json`
+    (which, as TensorRT-LLM's, also allows a top-level array)."""
+    chat = translator.chat({"model": "m", "messages": HI, "response_format": {"type": "json_object"}})
+    assert chat.inputs["guided_decoding_guide_type"] == "json_schema"
+    assert json.loads(chat.inputs["guided_decoding_guide"]) == {"type": "object"}
+
+
 def test_stream_chunks_follow_openai_shapes() -> None:
     builder = ResponseBuilder("chat", "m", logprobs=True)
     first = builder.chunk(Delta(""), first=True)

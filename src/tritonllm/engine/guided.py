@@ -1,8 +1,9 @@
 """Constrained decoding (structured output): guides -> grammars -> per-request matchers -> token masks.
 
-Guide types are NVIDIA's (`guided_decoding_guide_type`): `json` (any JSON object), `json_schema`,
-`regex` and `ebnf_grammar` (GBNF, as llama.cpp and xgrammar write it: `root ::= ...`). llguidance
-compiles them and computes, each step, the set of tokens that keep the output inside the grammar.
+Guide types are NVIDIA's (`guided_decoding_guide_type`): `json` (any JSON object or array, the top
+level that TensorRT-LLM's `json` allows: xgrammar's builtin JSON grammar), `json_schema`, `regex` and
+`ebnf_grammar` (GBNF, as llama.cpp and xgrammar write it: `root ::= ...`). llguidance compiles them and
+computes, each step, the set of tokens that keep the output inside the grammar.
 
 - `grammar_for` checks a guide without a tokenizer (SamplingParams validation), cached by content.
 - `GuideCompiler` binds grammars to the model's tokenizer, cached by content; every request gets a
@@ -31,7 +32,10 @@ GUIDE_FIELD = "guided_decoding_guide"
 # One fixed JSON layout, `{"a": 1, "b": [2, 3]}`: free whitespace lets a small model loop on newlines
 # until max_tokens. A schema's own "x-guidance" options override it.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-ANY_JSON_OBJECT = {"type": "object"}
+# Guide type `json`: an object or an array at the top level, as the root of xgrammar's builtin JSON
+# grammar (mlc-ai/xgrammar cpp/grammar.cc, kJSONGrammarString, the same from v0.1.19 to v0.2.x), which
+# TensorRT-LLM compiles for it (cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp).
+ANY_JSON = {"type": ["object", "array"]}
 
 
 def _invalid(field: str, message: str) -> InvalidRequestError:
@@ -49,7 +53,7 @@ def grammar_for(guide_type: str | None, guide: str | None) -> str:
     if guide_type == "json":
         if guide:
             raise _invalid(GUIDE_FIELD, "must be empty for guide type 'json'; send a schema as 'json_schema'")
-        grammar = LLMatcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=JSON_LAYOUT)
+        grammar = LLMatcher.grammar_from_json_schema(ANY_JSON, defaults=JSON_LAYOUT)
     elif not guide:
         raise _invalid(GUIDE_FIELD, f"is required for guide type {guide_type!r}")
     elif guide_type == "json_schema":

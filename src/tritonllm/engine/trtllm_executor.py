@@ -4,6 +4,15 @@ TensorRT-LLM's executor (`tensorrt_llm.bindings.executor`, 1.2.x) does the in-fl
 KV cache with block reuse and the scheduling; this adapter only maps our requests, outputs and statistics
 onto it, so the Triton bridge and the metrics work unchanged. It cannot run without a GPU: the mapping is
 unit tested against a fake module, the rest is unverified here.
+
+Guided decoding is the executor's own (xgrammar, compiled in its C++ runtime); the names below are taken
+from TensorRT-LLM's sources (NVIDIA/TensorRT-LLM): the bindings `cpp/tensorrt_llm/nanobind/executor/
+executorConfig.cpp` (`GuidedDecodingConfig(backend, encoded_vocab, tokenizer_str, stop_token_ids)`,
+`ExecutorConfig(guided_decoding_config=...)`) and `request.cpp` (`GuidedDecodingParams(guide_type, guide)`,
+`GuideType`, `Request(guided_decoding_params=...)`), NVIDIA's Triton model
+`triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py` (guide type names, config),
+`tensorrt_llm/llmapi/tokenizer.py` (`_xgrammar_tokenizer_info`) and
+`cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp` (what the runtime compiles for each guide type).
 """
 
 from __future__ import annotations
@@ -15,19 +24,23 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritonllm.engine.errors import EngineDeadError, EngineError, InvalidRequestError
+from tritonllm.engine.guided import TYPE_FIELD
 from tritonllm.engine.llm_engine import EngineStats, RequestOutput
 from tritonllm.engine.protocol import check_admission
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
 from tritonllm.engine.serving import RequestStream
 from tritonllm.engine_format import read_build_info
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +52,14 @@ FINISH_REASONS = {
     "LENGTH": FinishReason.LENGTH,
     "TIMED_OUT": FinishReason.TIMEOUT,
     "CANCELLED": FinishReason.ABORT,
+}
+# Our guide types -> `GuidedDecodingParams.GuideType` members, as NVIDIA's Triton model maps them
+# (`get_guided_decoding_params_from_request`). `STRUCTURAL_TAG` has no guide type of ours.
+TRTLLM_GUIDE_TYPES = {
+    "json": "JSON",
+    "json_schema": "JSON_SCHEMA",
+    "regex": "REGEX",
+    "ebnf_grammar": "EBNF_GRAMMAR",
 }
 
 
@@ -161,7 +182,51 @@ def settings_from_parameters(engine_dir: str | Path, params: dict[str, str]) -> 
     return ExecutorSettings.from_engine_dir(engine_dir, **overrides)
 
 
-def executor_config(trtllm: ModuleType, settings: ExecutorSettings) -> Any:
+def xgrammar_tokenizer_info(tokenizer: PreTrainedTokenizerBase, eos_ids: Iterable[int]) -> dict[str, Any]:
+    """`GuidedDecodingConfig`'s tokenizer arguments, built as TensorRT-LLM's `_xgrammar_tokenizer_info`
+    builds them: the vocabulary in id order and the fast tokenizer's JSON. The stop tokens add the
+    engine's EOS ids (generation_config.json) to the tokenizer's: the grammar, once complete, allows only
+    these, and a request must be able to end on its own end id."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # TensorRT-LLM also takes tiktoken vocabularies; not mapped here
+        raise ValueError(f"xgrammar needs a fast tokenizer (tokenizer.json), got {type(tokenizer).__name__}")
+    vocab = tokenizer.get_vocab()
+    stop = {*eos_ids, tokenizer.eos_token_id} - {None}
+    return {
+        "encoded_vocab": sorted(vocab, key=vocab.__getitem__),
+        "tokenizer_str": backend.to_str(),
+        "stop_token_ids": sorted(stop),
+    }
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """The executor's guided decoding: its config and stop tokens, or why it is off."""
+
+    config: Any = None
+    stop_token_ids: frozenset[int] = frozenset()
+    off_reason: str | None = None
+
+    @classmethod
+    def from_engine_dir(
+        cls, trtllm: ModuleType, engine_dir: str | Path, eos_ids: Iterable[int]
+    ) -> GuidedDecoding:
+        """xgrammar (the only backend of the C++ runtime) over the engine directory's tokenizer; without
+        a usable tokenizer the engine still serves, and refuses guided requests with the reason."""
+        from tritonllm.tokenization import load_tokenizer
+
+        try:
+            info = xgrammar_tokenizer_info(load_tokenizer(engine_dir), eos_ids)
+        except (OSError, ValueError) as exc:
+            reason = f"no usable tokenizer in {engine_dir}: {str(exc)[:200]}"
+            log.warning("guided decoding is off: %s", reason)
+            return cls(off_reason=reason)
+        backend = trtllm.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
+        config = trtllm.GuidedDecodingConfig(backend=backend, **info)
+        return cls(config, frozenset(info["stop_token_ids"]))
+
+
+def executor_config(trtllm: ModuleType, settings: ExecutorSettings, guided_config: Any = None) -> Any:
     policy = getattr(trtllm.CapacitySchedulerPolicy, settings.scheduler_policy.upper())
     return trtllm.ExecutorConfig(
         max_beam_width=1,
@@ -172,7 +237,25 @@ def executor_config(trtllm: ModuleType, settings: ExecutorSettings) -> Any:
         ),
         enable_chunked_context=settings.enable_chunked_context,
         max_queue_size=settings.max_waiting,
+        guided_decoding_config=guided_config,
     )
+
+
+def end_token(params: SamplingParams, eos_ids: tuple[int, ...]) -> int | None:
+    """The request's end id for the executor: -1 (none) under ignore_eos, else its own or the first EOS."""
+    if params.ignore_eos:
+        return -1
+    return params.end_id if params.end_id is not None else (eos_ids[0] if eos_ids else None)
+
+
+def guided_decoding_params(trtllm: ModuleType, params: SamplingParams) -> Any:
+    """Our guide -> `GuidedDecodingParams`, None without one (`json` takes no guide string)."""
+    if not params.guided:
+        return None
+    guide_type = getattr(
+        trtllm.GuidedDecodingParams.GuideType, TRTLLM_GUIDE_TYPES[params.guided_decoding_guide_type]
+    )
+    return trtllm.GuidedDecodingParams(guide_type=guide_type, guide=params.guided_decoding_guide or None)
 
 
 def executor_request(
@@ -189,10 +272,6 @@ def executor_request(
         "presence_penalty": params.presence_penalty or None,
         "frequency_penalty": params.frequency_penalty or None,
     }
-    if params.ignore_eos:
-        end_id = -1  # TensorRT-LLM: no end token
-    else:
-        end_id = params.end_id if params.end_id is not None else (eos_ids[0] if eos_ids else None)
     return trtllm.Request(
         input_token_ids=prompt,
         max_tokens=params.max_tokens,
@@ -201,9 +280,10 @@ def executor_request(
             beam_width=1, **{k: v for k, v in sampling.items() if v is not None}
         ),
         output_config=trtllm.OutputConfig(return_log_probs=params.logprobs, exclude_input_from_output=True),
-        end_id=end_id,
+        end_id=end_token(params, eos_ids),
         stop_words=params.stop_token_ids or None,
         bad_words=params.bad_token_ids or None,
+        guided_decoding_params=guided_decoding_params(trtllm, params),
     )
 
 
@@ -227,8 +307,11 @@ class TrtllmEngine:
         self._trt = trtllm or executor_module()
         self.settings = settings
         self.tokens_per_block = settings.tokens_per_block
+        self.guided = GuidedDecoding.from_engine_dir(self._trt, engine_dir, settings.eos_token_ids)
         self.executor = self._trt.Executor(
-            str(engine_dir), self._trt.ModelType.DECODER_ONLY, executor_config(self._trt, settings)
+            str(engine_dir),
+            self._trt.ModelType.DECODER_ONLY,
+            executor_config(self._trt, settings, self.guided.config),
         )
         self._lock = threading.Lock()
         self._live: dict[int, _Live] = {}
@@ -280,10 +363,8 @@ class TrtllmEngine:
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:
             raise InvalidRequestError("input_ids", "the prompt is empty")
-        if params.guided:  # needs the executor's guided-decoding config (xgrammar), not set up here
-            raise InvalidRequestError(
-                "guided_decoding_guide_type", "guided decoding is not supported with TensorRT-LLM engines yet"
-            )
+        if params.guided:
+            self._validate_guided(params)
         if len(prompt) > self.settings.max_input_len:
             raise InvalidRequestError(
                 "input_ids",
@@ -294,6 +375,19 @@ class TrtllmEngine:
                 "max_tokens",
                 f"prompt ({len(prompt)}) + max_tokens ({params.max_tokens}) exceed the engine's "
                 f"max_seq_len={self.settings.max_seq_len}",
+            )
+
+    def _validate_guided(self, params: SamplingParams) -> None:
+        """What xgrammar in the executor cannot do is refused here rather than left to the GPU."""
+        if self.guided.off_reason is not None:
+            raise InvalidRequestError(TYPE_FIELD, f"guided decoding is off: {self.guided.off_reason}")
+        # Once the grammar is complete only its stop tokens are allowed; a request that does not end on
+        # one (or on none, under ignore_eos) would go on feeding a finished matcher (guidedDecoder.cpp).
+        if end_token(params, self.settings.eos_token_ids) not in self.guided.stop_token_ids:
+            raise InvalidRequestError(
+                "ignore_eos" if params.ignore_eos else "end_id",
+                "a guided request must end on one of the grammar's stop tokens "
+                f"{sorted(self.guided.stop_token_ids)} with TensorRT-LLM engines",
             )
 
     def cancel(self, request_id: str) -> bool:

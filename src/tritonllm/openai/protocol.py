@@ -38,6 +38,7 @@ UINT64_MAX = 2**64 - 1
 MAX_STOP_STRINGS = 16
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+JSON_OBJECT_SCHEMA = json.dumps({"type": "object"})  # `response_format: json_object`
 
 COMMON_FIELDS = {
     "model",
@@ -303,8 +304,8 @@ def _guided_decoding(body: dict[str, Any]) -> dict[str, Any]:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
         return {}
-    if kind == "json_object":
-        return {"guided_decoding_guide_type": "json", "guided_decoding_guide": ""}
+    if kind == "json_object":  # an object, as OpenAI's: guide type `json` would let an array through too
+        return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": JSON_OBJECT_SCHEMA}
     if kind == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
