@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from functools import lru_cache
 from pathlib import Path
@@ -10,6 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
+
+# Where the engine tests run the engine and HF: "cpu" here and in CI; "cuda" for a check on a GPU machine
+# (`TRITONLLM_TEST_DEVICE=cuda pytest tests/test_engine_matches_hf.py ...`, see benchmarks/README.md).
+TEST_DEVICE = os.environ.get("TRITONLLM_TEST_DEVICE", "cpu")
 
 
 def random_prompts(n: int, vocab: int, seed: int, min_len: int = 1, max_len: int = 60) -> list[list[int]]:
@@ -37,7 +42,7 @@ SMOLLM2_TEXTS = [
 
 @lru_cache(maxsize=8)
 def _hf_model(path: str, dtype: torch.dtype) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(TEST_DEVICE).eval()
 
 
 def hf_greedy(
@@ -63,8 +68,8 @@ def _hf_greedy(
     model = _hf_model(path, dtype)
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=TEST_DEVICE),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=TEST_DEVICE),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             eos_token_id=None,  # generate through EOS, like the engine's ignore_eos
@@ -79,7 +84,13 @@ def greedy(max_tokens: int, **kwargs) -> SamplingParams:
 
 
 def make_engine(path: Path, **overrides) -> LLMEngine:
-    config = {"model": str(path), "tokens_per_block": 4, "num_kv_blocks": 256, "num_threads": 1}
+    config = {
+        "model": str(path),
+        "device": TEST_DEVICE,
+        "tokens_per_block": 4,
+        "num_kv_blocks": 256,
+        "num_threads": 1,
+    }
     return LLMEngine(EngineConfig(**{**config, **overrides}))
 
 
