@@ -192,6 +192,9 @@ def _param_of(call) -> tuple[int, str | None]:
         ({"prompt": ["a", "b"]}, 400, "prompt"),
         ({"prompt": ""}, 400, "prompt"),
         ({"prompt": "a", "temperature": "hot"}, 400, "temperature"),
+        ({"prompt": "a", "temperature": 10**400}, 400, "temperature"),  # too large for a float
+        ({"prompt": "a", "temperature": float("nan")}, 400, "temperature"),
+        ({"prompt": "a", "seed": 10**400}, 400, "seed"),
         ({"prompt": "a", "top_p": 0}, 400, "top_p"),
         ({"prompt": "a", "seed": -1}, 400, "seed"),
         ({"prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
@@ -226,6 +229,13 @@ def test_completion_errors_name_the_parameter(translator, body: dict, status: in
         (
             {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
             "response_format",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema", "json_schema": "not an object"},
+            },
+            "response_format.json_schema.schema",
         ),
     ],
 )

@@ -16,7 +16,6 @@ until `max_tokens`, so the output has exactly `max_tokens` tokens, which is what
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -184,7 +183,7 @@ def _number(body: dict[str, Any], name: str, low: float, high: float, integer: b
         raise invalid(name, f"must be a number, got {json.dumps(value)}", "invalid_type")
     if integer and not (isinstance(value, int) or float(value).is_integer()):
         raise invalid(name, f"must be an integer, got {value}", "invalid_type")
-    if not (math.isfinite(value) and low <= value <= high):
+    if not low <= value <= high:  # false for NaN; compared as int, so a huge int is no OverflowError
         raise invalid(name, f"must be in [{low:g}, {high:g}], got {value}")
     return int(value) if integer else float(value)
 
@@ -307,7 +306,8 @@ def _guided_decoding(body: dict[str, Any]) -> dict[str, Any]:
     if kind == "json_object":  # an object, as OpenAI's: guide type `json` would let an array through too
         return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": JSON_OBJECT_SCHEMA}
     if kind == "json_schema":
-        schema = (fmt.get("json_schema") or {}).get("schema")
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise invalid("response_format.json_schema.schema", "must be a JSON schema object")
         return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": json.dumps(schema)}
@@ -353,7 +353,8 @@ class RequestTranslator:
         _reject_unsupported(body, CHAT_FIELDS)
         self._check_model(body)
         tools = tool_plan(body)
-        if tools is not None and _guided_decoding(body):
+        guide = _guided_decoding(body)
+        if tools is not None and guide:
             raise invalid("response_format", "cannot be combined with a forced tool call (tool_choice)")
         prompt = self.encoder.render_chat(_chat_messages(body), tools)
         logprobs = _bool(body, "logprobs")
@@ -365,7 +366,7 @@ class RequestTranslator:
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
         request = self._build(body, "chat", prompt, "messages", logprobs, False, None)
-        request.inputs |= tools.guide_inputs() if tools is not None else _guided_decoding(body)
+        request.inputs |= tools.guide_inputs() if tools is not None else guide
         request.tools = tools
         return request
 
