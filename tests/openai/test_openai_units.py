@@ -717,15 +717,18 @@ def test_prompt_tokens_are_counted_as_the_tokenizer_counts_them(translator) -> N
 class _FakeBackend:
     """Pieces as Triton's BLS streams them: one token each, the last with its finish reason."""
 
-    def __init__(self, texts: list[str]):
+    def __init__(self, texts: list[str], stall: bool = False):
         self.texts = texts
+        self.stall = stall  # after the texts, never send the last piece
         self.inputs: list[dict] = []
 
     async def generate(self, inputs: dict, priority: int, request_id: str):
         self.inputs.append(inputs)
         for i, text in enumerate(self.texts):
-            last = i == len(self.texts) - 1
+            last = i == len(self.texts) - 1 and not self.stall
             yield Piece(text, 1, [], None, "length" if last else None, 0.0)
+        if self.stall:
+            await asyncio.Event().wait()
 
     async def ready(self) -> bool:
         return True
@@ -782,3 +785,37 @@ def test_streamed_chat_events_through_the_app(stop: str | None) -> None:
         assert finish["choices"][0]["finish_reason"] == "stop"
         assert use["usage"]["completion_tokens"] == 3
     assert finish["choices"][0]["delta"] == {} and use["choices"] == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_past_its_deadline_gets_the_same_504_body_whole_or_streamed(stream: bool) -> None:
+    """A streamed request that times out after its headers ends with the same error as a whole one:
+    code `timeout`, the limit in the message, then [DONE]."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tritonllm.openai.app import FrontDoor
+
+    config = FrontDoorConfig(
+        tokenizer_dir="m", served_model_name="m", max_model_len=64, request_timeout_s=0.3
+    )
+    door = FrontDoor(config, build_tokenizer(add_bos=True), backend=_FakeBackend(["ab"], stall=True))
+    body = {"model": "m", "prompt": "Hi", "max_tokens": 4, "stream": stream}
+
+    async def run() -> tuple[int, bytes]:
+        async with TestClient(TestServer(door.app())) as client:
+            response = await client.post("/v1/completions", json=body)
+            return response.status, await response.read()
+
+    status, raw = asyncio.run(run())
+    expected = {
+        "message": "the request did not finish within 0.3s",
+        "type": "server_error",
+        "param": None,
+        "code": "timeout",
+    }
+    if not stream:
+        assert status == 504 and json.loads(raw) == {"error": expected}
+        return
+    events = _sse_events(raw)
+    assert status == 200 and events[0]["choices"][0]["text"] == "ab"
+    assert events[1:] == [{"error": expected}, "[DONE]"]

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import hmac
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -33,12 +32,10 @@ from tritonllm.openai.responses import SSE_DONE, ResponseBuilder, sse, usage
 from tritonllm.openai.tools import ToolCallStream
 from tritonllm.openai.triton import TritonBackend
 
-log = logging.getLogger(__name__)
-
 MAX_BODY_BYTES = 16 << 20
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection (metrics only)
-FINAL_STATUS = "final_status"  # a streamed response's outcome after its 200 headers (metrics only)
+FINAL_STATUS = web.ResponseKey("final_status", int)  # a streamed outcome after its 200 headers (metrics)
 UNFINISHED = {
     "abort": (503, "the generation was aborted (the server is stopping)"),
     "timeout": (504, "the generation timed out in the engine"),
@@ -247,13 +244,7 @@ class FrontDoor:
                 exc.message = f"{exc.param}: the schema is invalid ({exc.message})"
             raise
         except TimeoutError:
-            raise APIError(
-                504,
-                f"the request did not finish within {self.config.request_timeout_s:g}s",
-                type="server_error",
-                code="timeout",
-                reason="timeout",
-            ) from None
+            raise self._timed_out() from None
         finally:
             timer.done()
         out.finish()
@@ -293,17 +284,12 @@ class FrontDoor:
                 events.add(builder.chunk(Delta(opening), first=True))
             try:
                 await self._stream_pieces(events, builder, out, timer, first, pieces, calls)
-            except APIError as exc:  # after the headers: an SSE error event, as OpenAI sends
-                events.add(exc.body())
+            except (APIError, TimeoutError) as exc:  # after the headers: an SSE error event, as OpenAI sends
+                error = exc if isinstance(exc, APIError) else self._timed_out()
+                events.add(error.body())
                 events.done()
                 await events.flush()
-                response[FINAL_STATUS] = exc.status
-                return response
-            except TimeoutError:
-                events.add(APIError(504, "the request timed out", type="server_error").body())
-                events.done()
-                await events.flush()
-                response[FINAL_STATUS] = 504
+                response[FINAL_STATUS] = error.status
                 return response
             reason = out.finish_reason
             if reason in UNFINISHED:
@@ -321,6 +307,16 @@ class FrontDoor:
         except ConnectionResetError:  # the client went away between pieces: closing the stream cancels
             response[FINAL_STATUS] = CLIENT_GONE
         return response
+
+    def _timed_out(self) -> APIError:
+        """The 504 of a request past its deadline: the same body whole or as a streamed error event."""
+        return APIError(
+            504,
+            f"the request did not finish within {self.config.request_timeout_s:g}s",
+            type="server_error",
+            code="timeout",
+            reason="timeout",
+        )
 
     @staticmethod
     def _finish_calls(events: _Events, builder: ResponseBuilder, calls: ToolCallStream, reason: str) -> str:
