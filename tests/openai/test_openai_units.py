@@ -658,7 +658,9 @@ def _response(outputs: dict, typed: bool = False):
                 raw = b"".join(len(v.encode()).to_bytes(4, "little") + v.encode() for v in values)
                 response.raw_output_contents.append(raw)  # Triton's layout: a 4-byte length per element
         else:
-            dtype = {"UINT32": np.uint32, "INT32": np.int32, "FP32": np.float32}[datatype]
+            dtype = {"UINT32": np.uint32, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}[
+                datatype
+            ]
             response.raw_output_contents.append(np.array(values, dtype=dtype).tobytes())
     return response
 
@@ -680,6 +682,7 @@ def _response(outputs: dict, typed: bool = False):
         ({"text_output": ("BYTES", []), "finish_reason": ("BYTES", [""])}, False),  # empty text: ""
         ({"text_output": ("BYTES", ["x"]), "output_log_probs": ("FP32", [-0.5, -0.25])}, False),  # no count
         ({"text_output": ("BYTES", ["x"]), "num_output_tokens": ("INT32", [3])}, False),
+        ({"text_output": ("BYTES", ["x"]), "num_output_tokens": ("UINT64", [2**40])}, False),
         ({"text_output": ("BYTES", ["x"]), "finish_reason": ("BYTES", ["stop"])}, True),  # typed contents
     ],
 )

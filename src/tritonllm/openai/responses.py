@@ -10,10 +10,12 @@ from typing import Any, Literal
 from tritonllm.openai.output import Delta
 
 SSE_DONE = b"data: [DONE]\n\n"
+# Made once: `json.dumps` with options builds a new encoder per call, a microsecond per streamed token.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def sse(event: dict[str, Any]) -> bytes:
@@ -109,7 +111,7 @@ class ResponseBuilder:
         first: bool = False,
         tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """A streamed chunk (`usage` is null in every chunk when usage is streamed separately).
+        """A streamed chunk, without a `usage` field (`usage_chunk` carries it, when asked for).
 
         `tool_calls` (a list, maybe empty) marks a tool-call reply: its deltas go in `delta.tool_calls`
         and the first chunk's `content` is null, as OpenAI streams a call."""
