@@ -65,6 +65,13 @@ def test_keys_are_off_on_loopback_and_required_beyond_it() -> None:
     assert not FrontDoorConfig(tokenizer_dir="m", host="0.0.0.0", require_keys=False).auth_required
 
 
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_front_door_timeouts_must_be_finite_and_positive(value: float) -> None:
+    for name in ("request_timeout_s", "connect_timeout_s"):
+        with pytest.raises(ValueError, match=name):
+            FrontDoorConfig(tokenizer_dir="m", **{name: value})
+
+
 # Limits.
 
 

@@ -183,8 +183,9 @@ class FrontDoorConfig:
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
         for name in ("request_timeout_s", "connect_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):  # NaN passed `<= 0` and made every deadline NaN
+                raise ValueError(f"{name} must be > 0, got {value}")
         if self.retry_after_s < 0:
             raise ValueError("retry_after_s must be >= 0")
         if self.auth_required and not self.keys.keys:
