@@ -10,6 +10,11 @@ Triton skips a load whose config is unchanged, so the reload carries a raised `e
 parameter. Where that cannot work (another model-control mode, a failed load, `max_engine_restarts`
 reached) the model stops `tritonserver` with SIGTERM: readiness is false at once and the process exits
 for its supervisor to restart it.
+
+The model-control mode is read from tritonserver's command line, never probed with `load_model`: in
+the default mode Triton 2.51 takes 10 s or more to refuse the load, or never answers, and a stub stuck
+in that call makes tritonserver's shutdown abort (boost lock_exception in the Python backend's
+TRITONBACKEND_ModelInstanceFinalize) while `/v2/health/ready` keeps answering 200.
 """
 
 from __future__ import annotations
@@ -46,6 +51,27 @@ def restarted_config(model_config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def model_control_mode(argv: list[str]) -> str:
+    """The `--model-control-mode` in tritonserver's arguments (`=` or separate value; the last wins)."""
+    mode = "none"
+    for arg, following in zip(argv, [*argv[1:], ""], strict=True):
+        if arg.startswith("--model-control-mode="):
+            mode = arg.partition("=")[2]
+        elif arg == "--model-control-mode":
+            mode = following
+    return mode.strip().lower()
+
+
+def explicit_model_control() -> bool:
+    """Whether the parent tritonserver runs with explicit model control, the only mode where the model
+    can reload itself; False when its command line cannot be read (then stopping is the safe choice)."""
+    try:
+        argv = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return model_control_mode(argv) == "explicit"
+
+
 def stop_tritonserver() -> bool:
     """SIGTERM the `tritonserver` process this stub runs under; False if the parent is something else."""
     parent = os.getppid()
@@ -67,15 +93,17 @@ def recover(pb: ModuleType, model_name: str, model_config: dict[str, Any], engin
     except Exception:
         log.exception("shutting down the dead engine failed")
     done = restart_count(model_config)
-    if done < limit:
+    if done >= limit:
+        log.error("the engine loop died after %d restarts (max_engine_restarts=%d)", done, limit)
+    elif not explicit_model_control():  # checked first: see the module's docstring
+        log.error("the engine loop died; tritonserver runs without --model-control-mode=explicit")
+    else:
         log.error("the engine loop died: restarting the engine (restart %d of at most %d)", done + 1, limit)
         try:
             pb.load_model(model_name, config=json.dumps(restarted_config(model_config)))
             return "restarted"
-        except Exception as exc:  # not explicit model control, or the new engine failed to load
+        except Exception as exc:  # the new engine failed to load
             log.error("reloading %s failed: %s", model_name, exc)
-    else:
-        log.error("the engine loop died after %d restarts (max_engine_restarts=%d)", done, limit)
     log.error("stopping tritonserver: it cannot serve without the engine; its supervisor should restart it")
     stop_tritonserver()
     return "stopped"
