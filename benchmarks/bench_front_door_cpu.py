@@ -23,7 +23,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_openai import wait_healthy  # noqa: E402
+from bench_openai import cpu_seconds, free_port, wait_healthy  # noqa: E402
 
 MODEL_INPUTS = {
     "text_input": "BYTES", "max_tokens": "INT32", "stop_words": "BYTES", "exclude_input_in_output": "BOOL",
@@ -48,12 +47,6 @@ MODEL_OUTPUTS = {
     "text_output": "BYTES", "cum_log_probs": "FP32", "output_log_probs": "FP32", "finish_reason": "BYTES",
     "num_output_tokens": "UINT32",
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The fake Triton.
@@ -133,11 +126,6 @@ def door_ttft(url: str) -> tuple[float, float]:
         elif line.startswith("tritonllm_openai_time_to_first_token_seconds_count"):
             count += float(line.split()[-1])
     return total, count
-
-
-def cpu_seconds(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
 
 
 def thread_seconds(pid: int) -> dict[str, float]:
