@@ -5,7 +5,13 @@ prompts every run so the prefix cache helps neither side) go to a `ServingEngine
 over one gRPC stream each, to `tensorrt_llm` of a `tritonllm launch` server on the same model and
 engine settings. The two alternate run by run (order rotated every round) and only one is busy at a
 time. Reported per batch size: median output tokens/s of each and the Triton/in-process ratio (the
-target: >= 0.95). Writes `results/triton_cost.json`.
+target: >= 0.95), and the CPU each process spent per generated token (this client, `tritonserver`, the
+`tensorrt_llm` stub with the engine, the other stubs): on a machine whose cores the engine's threads
+already fill, every millisecond of it slows the engine. Writes `results/triton_cost.json`.
+
+The client (`--client lean`, the default) is raw gRPC that asks for `output_ids` and `sequence_length`
+only, as NVIDIA's client scripts do; `--client tritonclient` reads every output through `tritonclient`,
+which costs this process about 0.7 ms of CPU per token on the 2-core machine of the README.
 
     .venv/bin/python benchmarks/bench_triton_cost.py --rounds 3
 """
@@ -13,6 +19,7 @@ target: >= 0.95). Writes `results/triton_cost.json`.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -23,11 +30,13 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_serving_paths import free_ports, tensor  # noqa: E402
+from bench_serving_paths import free_ports, inputs_for, tensor  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
@@ -37,6 +46,52 @@ from tritonllm.precision import TORCH_QUANTIZATIONS  # noqa: E402
 from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
 
 TIMEOUT_S = 600.0
+LEAN_OUTPUTS = ("output_ids", "sequence_length")
+DATATYPES = {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def stub_pids(server_pid: int) -> dict[str, int]:
+    """The Python-backend stubs of a tritonserver, by model name ('tensorrt_llm', 'preprocessing', ...)."""
+    stubs = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != server_pid:
+                continue
+            with open(stat.replace("stat", "cmdline")) as f:
+                args = f.read().split("\0")
+        except (OSError, ValueError):
+            continue
+        model = Path(args[1]).parent.parent.name if len(args) > 1 else stat
+        stubs[model] = int(stat.split("/")[2])
+    return stubs
+
+
+class CpuMeter:
+    """CPU seconds spent by this client, tritonserver and each stub between two readings."""
+
+    def __init__(self, server_pid: int):
+        self.pids = {"tritonserver": server_pid} | stub_pids(server_pid)
+
+    def read(self) -> dict[str, float]:
+        return {"client": time.process_time()} | {k: process_cpu_s(p) for k, p in self.pids.items()}
+
+    def per_token_ms(self, before: dict[str, float], tokens: float) -> dict[str, float]:
+        after = self.read()
+        stubs = sum(
+            after[k] - before[k] for k in after if k not in ("client", "tritonserver", "tensorrt_llm")
+        )
+        spent = {k: after[k] - before[k] for k in ("client", "tritonserver", "tensorrt_llm")}
+        return {k: round(v / tokens * 1e3, 3) for k, v in (spent | {"other_stubs": stubs}).items()}
 
 
 def prompts(batch: int, run: int, length: int) -> list[list[int]]:
@@ -93,6 +148,47 @@ def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) ->
     return sum(counts) / (time.perf_counter() - started)
 
 
+def lean_request(prompt: list[int], max_tokens: int) -> service_pb2.ModelInferRequest:
+    """The request of `through_triton`, built straight as protobuf, asking for two outputs only."""
+    request = service_pb2.ModelInferRequest(model_name="tensorrt_llm")
+    for t in inputs_for("tensorrt_llm", prompt, max_tokens):
+        value = t._get_content()  # noqa: SLF001 -- the raw bytes tritonclient would send
+        request.inputs.append(
+            service_pb2.ModelInferRequest.InferInputTensor(
+                name=t.name(), datatype=t.datatype(), shape=t.shape()
+            )
+        )
+        request.raw_input_contents.append(value)
+    request.outputs.extend(
+        service_pb2.ModelInferRequest.InferRequestedOutputTensor(name=n) for n in LEAN_OUTPUTS
+    )
+    return request
+
+
+def through_triton_lean(url: str, batch_prompts: list[list[int]], max_tokens: int) -> float:
+    """Output tokens/s with one raw gRPC stream per request, reading `sequence_length` from raw bytes."""
+    counts = [0] * len(batch_prompts)
+    with grpc.insecure_channel(url) as channel:
+        stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer
+
+        def one(i: int, prompt: list[int]) -> None:
+            for response in stream(iter([lean_request(prompt, max_tokens)]), timeout=TIMEOUT_S):
+                if response.error_message:
+                    raise RuntimeError(response.error_message)
+                names = [o.name for o in response.infer_response.outputs]
+                if "sequence_length" in names:
+                    raw = response.infer_response.raw_output_contents[names.index("sequence_length")]
+                    counts[i] += int.from_bytes(raw[:4], "little", signed=True)
+
+        started = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(batch_prompts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT_S)
+        return sum(counts) / (time.perf_counter() - started)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -104,7 +200,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="none", choices=TORCH_QUANTIZATIONS)
+    parser.add_argument("--quantization", default="auto", choices=TORCH_QUANTIZATIONS)
+    parser.add_argument("--client", default="lean", choices=("lean", "tritonclient"))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     model = model_path_or_default(args.model)
@@ -123,13 +220,19 @@ def main() -> int:
         model=model, num_threads=args.threads, dtype=args.dtype, quantization=args.quantization
     )
     results: dict[int, dict[str, list[float]]] = {b: {"in_process": [], "triton": []} for b in batches}
+    cpu_ms: dict[int, dict[str, list[dict[str, float]]]] = {
+        b: {"in_process": [], "triton": []} for b in batches
+    }
+    triton_run = through_triton_lean if args.client == "lean" else through_triton
     with TritonServer(options) as server:
         server.wait_ready(600)
+        assert server.process is not None
+        meter = CpuMeter(server.process.pid)
         engine = ServingEngine(config)
         try:
             warm = prompts(1, 10**6, args.prompt_tokens)  # first steps (kernels, allocations) on both
             in_process(engine, warm, 4, "warm")
-            through_triton(server.grpc_url, warm, 4)
+            triton_run(server.grpc_url, warm, 4)
             run = 0
             for r in range(args.rounds):
                 for batch in batches:
@@ -137,12 +240,18 @@ def main() -> int:
                     for mode in order:
                         run += 1
                         batch_prompts = prompts(batch, run, args.prompt_tokens)
+                        before, started = meter.read(), time.perf_counter()
                         if mode == "in_process":
                             tps = in_process(engine, batch_prompts, args.max_tokens, f"r{run}")
                         else:
-                            tps = through_triton(server.grpc_url, batch_prompts, args.max_tokens)
+                            tps = triton_run(server.grpc_url, batch_prompts, args.max_tokens)
+                        spent = meter.per_token_ms(before, tps * (time.perf_counter() - started))
                         results[batch][mode].append(tps)
-                        print(f"round {r} batch {batch} {mode}: {tps:.1f} tok/s", flush=True)
+                        cpu_ms[batch][mode].append(spent)
+                        print(
+                            f"round {r} batch {batch} {mode}: {tps:.1f} tok/s, CPU ms/token {spent}",
+                            flush=True,
+                        )
         finally:
             engine.shutdown()
     summary = {
@@ -150,10 +259,13 @@ def main() -> int:
         "cpu_flags": cpu_flags(),
         "dtype": args.dtype,
         "quantization": args.quantization,
+        "client": args.client,
+        "threads": args.threads,
         "load_average": os.getloadavg(),
         "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens,
         "runs": results,
+        "cpu_ms_per_token": cpu_ms,
         "median_tok_s": {b: {m: statistics.median(v) for m, v in r.items()} for b, r in results.items()},
     }
     for batch, medians in summary["median_tok_s"].items():
@@ -161,6 +273,9 @@ def main() -> int:
         summary.setdefault("triton_over_in_process", {})[batch] = ratio
         print(f"batch {batch}: in-process {medians['in_process']:.1f} tok/s, Triton {medians['triton']:.1f}, "
               f"ratio {ratio:.3f}")  # fmt: skip
+        for role in ("client", "tritonserver", "tensorrt_llm", "other_stubs"):
+            median = statistics.median(run[role] for run in cpu_ms[batch]["triton"])
+            print(f"  through Triton, CPU ms per token: {role} {median:.2f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "triton_cost.json").write_text(json.dumps(summary, indent=2))
