@@ -25,7 +25,7 @@ from engine_bench.batch1 import batch1_results, decode_runs
 from engine_bench.hf_baseline import run_baseline
 from engine_bench.machine import CpuLoad, cpu_load, log, machine_info, measure_bandwidth
 from engine_bench.report import Report, write_report
-from engine_bench.throughput import build_engine, run_engine
+from engine_bench.throughput import ENGINE_SETTINGS, build_engine, run_engine
 from engine_bench.workload import CORPUS, PERPLEXITY_TEXT, PromptSource, greedy, make_requests
 
 from tritonllm.default_model import default_model_path
@@ -79,13 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy_prompts": accuracy_prompts,
         "accuracy_tokens": accuracy_tokens,
         "seed": args.seed,
-        "engine": {
-            "dtype": "float32",
-            "max_num_seqs": 64,
-            "max_num_batched_tokens": 512,
-            "tokens_per_block": 16,
-            "kv_cache_memory_bytes": kv_bytes,
-        },
+        "engine": {"dtype": "float32", **ENGINE_SETTINGS, "kv_cache_memory_bytes": kv_bytes},
         "quantizations": quants,
     }
     torch.set_num_threads(args.threads)

@@ -51,7 +51,7 @@ def plot(report: Report, samples: list[KVSample], path: Path) -> None:
         [s.stored / (s.running * kv.max_model_len) for s in live],
         label=f"contiguous (stored / running x {kv.max_model_len})",
     )
-    ax_kv.axhline(0.9, color="k", ls=":", lw=1)
+    ax_kv.axhline(report.targets["kv_paged_utilisation"], color="k", ls=":", lw=1)
     ax_kv.set_ylim(0, 1.05)
     ax_kv.set_title(
         f"KV utilisation per step (time avg: paged {kv.paged_time_avg:.1%}, "

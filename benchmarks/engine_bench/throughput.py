@@ -13,6 +13,9 @@ from tritonllm.engine import EngineConfig, LLMEngine
 
 from .workload import Request, ThroughputResult, greedy
 
+# Every engine's scheduler and cache shape, also recorded in the report's settings.
+ENGINE_SETTINGS = {"max_num_seqs": 64, "max_num_batched_tokens": 512, "tokens_per_block": 16}
+
 
 def build_engine(model: Path, variant: str, threads: int, kv_bytes: int) -> LLMEngine:
     """`variant`: a quantization, or `dtype:quantization` (float32 when no dtype is given)."""
@@ -23,10 +26,8 @@ def build_engine(model: Path, variant: str, threads: int, kv_bytes: int) -> LLME
             dtype=dtype or "float32",
             quantization=quantization,
             num_threads=threads,
-            max_num_seqs=64,
-            max_num_batched_tokens=512,
             kv_cache_memory_bytes=kv_bytes,
-            tokens_per_block=16,
+            **ENGINE_SETTINGS,
         )
     )
 
@@ -53,16 +54,14 @@ class KVUtilResult:
 
 
 def run_engine(
-    eng: LLMEngine, requests: list[Request], name: str, max_model_len: int, show_progress: bool = True
+    eng: LLMEngine, requests: list[Request], name: str, max_model_len: int
 ) -> tuple[ThroughputResult, dict, KVUtilResult, list[KVSample]]:
     """Submit everything at once and step to completion, sampling the KV cache after every step."""
     useful = sum(r.max_tokens for r in requests)
     outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
     first_token_ns: dict[str, int] = {}
     samples: list[KVSample] = []
-    progress = tqdm(
-        total=useful, desc=name, unit="tok", mininterval=5, file=sys.stdout, disable=not show_progress
-    )
+    progress = tqdm(total=useful, desc=name, unit="tok", mininterval=5, file=sys.stdout)
     preempt0 = eng.stats().num_preemptions
     submit_ns = time.time_ns()
     t0 = time.perf_counter()
