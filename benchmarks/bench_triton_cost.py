@@ -28,6 +28,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -36,7 +37,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_serving_paths import free_ports, inputs_for, tensor  # noqa: E402
+from bench_serving_paths import free_ports, inputs_for  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
@@ -47,7 +48,6 @@ from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
 
 TIMEOUT_S = 600.0
 LEAN_OUTPUTS = ("output_ids", "sequence_length")
-DATATYPES = {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -108,8 +108,19 @@ def in_process(engine: ServingEngine, batch_prompts: list[list[int]], max_tokens
     return tokens / (time.perf_counter() - started)
 
 
+def concurrently(one: Callable[[int, list[int]], None], batch_prompts: list[list[int]]) -> float:
+    """Run `one(i, prompt)` for every prompt at once, one thread each; the seconds it took."""
+    started = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(batch_prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    return time.perf_counter() - started
+
+
 def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) -> float:
-    n = np.array([[max_tokens]], dtype=np.int32)
+    """Output tokens/s with `tritonclient`'s stream per request, reading every output it sends."""
     counts = [0] * len(batch_prompts)
 
     def one(i: int, prompt: list[int]) -> None:
@@ -117,16 +128,7 @@ def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) ->
         client = grpcclient.InferenceServerClient(url)
         client.start_stream(callback=lambda result, error: done.put((result, error)))
         client.async_stream_infer(
-            "tensorrt_llm",
-            [
-                tensor("input_ids", np.array([prompt], dtype=np.int32)),
-                tensor("input_lengths", np.array([[len(prompt)]], dtype=np.int32)),
-                tensor("request_output_len", n),
-                tensor("min_tokens", n),
-                tensor("runtime_top_k", np.array([[1]], dtype=np.int32)),
-                tensor("streaming", np.array([[True]])),
-            ],
-            enable_empty_final_response=True,
+            "tensorrt_llm", inputs_for("tensorrt_llm", prompt, max_tokens), enable_empty_final_response=True
         )
         while True:
             result, error = done.get(timeout=TIMEOUT_S)
@@ -139,13 +141,8 @@ def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) ->
         client.stop_stream()
         client.close()
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(batch_prompts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT_S)
-    return sum(counts) / (time.perf_counter() - started)
+    seconds = concurrently(one, batch_prompts)
+    return sum(counts) / seconds
 
 
 def lean_request(prompt: list[int], max_tokens: int) -> service_pb2.ModelInferRequest:
@@ -180,13 +177,8 @@ def through_triton_lean(url: str, batch_prompts: list[list[int]], max_tokens: in
                     raw = response.infer_response.raw_output_contents[names.index("sequence_length")]
                     counts[i] += int.from_bytes(raw[:4], "little", signed=True)
 
-        started = time.perf_counter()
-        threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(batch_prompts)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(TIMEOUT_S)
-        return sum(counts) / (time.perf_counter() - started)
+        seconds = concurrently(one, batch_prompts)
+    return sum(counts) / seconds
 
 
 def main() -> int:
@@ -200,7 +192,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="auto", choices=TORCH_QUANTIZATIONS)
+    parser.add_argument("--quantization", default="auto", choices=("auto", *TORCH_QUANTIZATIONS))
     parser.add_argument("--client", default="lean", choices=("lean", "tritonclient"))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
