@@ -13,7 +13,6 @@ from tritonllm.engine import EngineConfig
 from tritonllm.engine.serving import ServingEngine
 from tritonllm.triton.metrics import HISTOGRAMS, MetricsReporter
 from tritonllm.triton.models import BLSModel, PostprocessingModel, PreprocessingModel
-from tritonllm.triton.models.common import SenderChannel
 from tritonllm.triton.models.tensorrt_llm import engine_config
 from tritonllm.triton.tensors import RequestError, from_word_list
 from tritonllm.triton.text import TextCodec
@@ -202,42 +201,3 @@ def test_metrics_reporter_publishes(tiny_llama_dir: Path) -> None:
         == generated
     )
     assert isinstance(bridge.engine, ServingEngine)
-
-
-class RecordingRequest:
-    """A decoupled request as the Python backend gives it: requested outputs and a response sender."""
-
-    def __init__(self, requested: list[str]) -> None:
-        self.requested, self.sent = requested, []
-
-    def requested_output_names(self) -> list[str]:
-        return self.requested
-
-    def get_response_sender(self) -> RecordingRequest:
-        return self
-
-    def send(self, response=None, flags: int = 0) -> None:
-        self.sent.append((response, flags))
-
-
-def response_pb_utils() -> types.ModuleType:
-    pb = types.ModuleType("triton_python_backend_utils")
-    pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # type: ignore[attr-defined]
-    pb.Tensor = lambda name, array: (name, array)  # type: ignore[attr-defined]
-    pb.InferenceResponse = lambda output_tensors: [name for name, _ in output_tensors]  # type: ignore[attr-defined]
-    return pb
-
-
-@pytest.mark.parametrize(
-    ("requested", "expected"),
-    [(["output_ids"], ["output_ids"]), ([], ["output_ids", "finish_reason", "sequence_length"])],
-)
-def test_sender_channel_sends_only_the_requested_outputs(requested: list[str], expected: list[str]) -> None:
-    """Each tensor costs the stub a shared-memory copy, and Triton drops the ones not asked for."""
-    request = RecordingRequest(requested)
-    channel = SenderChannel(response_pb_utils(), request)
-    arrays = {
-        name: np.zeros((1, 1), dtype=np.int32) for name in ("output_ids", "finish_reason", "sequence_length")
-    }
-    channel.send(arrays, None, final=True)
-    assert request.sent == [(expected, 1)]

@@ -68,14 +68,8 @@ def triton_error(pb: ModuleType, message: str, code: str = "INVALID_ARG") -> Any
     return pb.TritonError(message, getattr(pb.TritonError, code))
 
 
-def triton_response(pb: ModuleType, outputs: Outputs, requested: frozenset[str] | None = None) -> Any:
-    """The response of `outputs`; with `requested`, only those (Triton drops the others anyway, after
-    each has cost a shared-memory tensor)."""
-    return pb.InferenceResponse(
-        output_tensors=[
-            pb.Tensor(name, arr) for name, arr in outputs.items() if requested is None or name in requested
-        ]
-    )
+def triton_response(pb: ModuleType, outputs: Outputs) -> Any:
+    return pb.InferenceResponse(output_tensors=[pb.Tensor(name, arr) for name, arr in outputs.items()])
 
 
 def error_code(message: str) -> str:
@@ -91,8 +85,7 @@ class SenderChannel:
 
     Triton frees a request's response factory once its final response is sent, and `is_cancelled()`
     after that crashes the server (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, Triton 2.51):
-    a lock orders the two, and a closed channel reports not cancelled. Responses carry only the outputs
-    the request asks for (a client that names none gets all: Triton then requests every output).
+    a lock orders the two, and a closed channel reports not cancelled.
     """
 
     def __init__(self, pb: ModuleType, request: Any, decoupled: bool = True):
@@ -101,7 +94,6 @@ class SenderChannel:
         self._sender = request.get_response_sender()
         self._final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         self._decoupled = decoupled
-        self._requested = frozenset(request.requested_output_names()) or None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -112,7 +104,7 @@ class SenderChannel:
                 output_tensors=[], error=triton_error(self._pb, error, error_code(error))
             )
         elif outputs is not None:
-            response = triton_response(self._pb, outputs, self._requested)
+            response = triton_response(self._pb, outputs)
         elif not self._decoupled:  # a non-decoupled model answers with exactly one response
             response = self._pb.InferenceResponse(output_tensors=[])
         else:
