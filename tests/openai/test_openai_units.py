@@ -12,6 +12,7 @@ import pytest
 from tiny_model import build_tokenizer
 from tritonllm_client.results import Piece
 
+from tritonllm.openai.app import _Events
 from tritonllm.openai.config import KEYS_ENV, FrontDoorConfig, KeyLimits, load_keys
 from tritonllm.openai.errors import APIError
 from tritonllm.openai.limits import ConcurrencyGate, KeyLimiter, TokenBucket
@@ -829,3 +830,33 @@ def test_a_request_past_its_deadline_gets_the_same_504_body_whole_or_streamed(st
     events = _sse_events(raw)
     assert status == 200 and events[0]["choices"][0]["text"] == "ab"
     assert events[1:] == [{"error": expected}, "[DONE]"]
+
+
+class _StalledResponse:
+    """An SSE response whose client stopped reading: a write waits for a drain that never comes."""
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.Event().wait()
+
+
+class _Transport:
+    aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_write_to_a_client_that_stopped_reading_is_bounded_and_aborts_the_connection() -> None:
+    """Else such a client holds its generation and concurrency slot for ever; the error is a
+    ConnectionResetError, so the stream ends as for a client that went away (the engine cancels)."""
+    request = type("Request", (), {"transport": _Transport()})()
+    events = _Events(request, _StalledResponse(), write_timeout_s=0.05)  # type: ignore[arg-type]
+    events.add_bytes(b"data: {}\n\n")
+
+    async def flush() -> None:
+        async with asyncio.timeout(10):  # the test's own bound, far above the write's
+            await events.flush()
+
+    with pytest.raises(ConnectionResetError, match="read nothing for 0.05s"):
+        asyncio.run(flush())
+    assert request.transport.aborted

@@ -274,7 +274,7 @@ class FrontDoor:
         first = await anext(pieces, None)  # an error here still gets its own status
         response = _EventStream(headers=SSE_HEADERS)
         await response.prepare(request)
-        events = _Events(response)
+        events = _Events(request, response, self.config.request_timeout_s)
         calls = gen.tools.stream() if gen.tools is not None else None
         try:
             opening = gen.prompt if gen.echo else ""
@@ -372,11 +372,23 @@ class _EventStream(web.StreamResponse):
     _send_headers_immediately = False
 
 
-class _Events:
-    """SSE events gathered and written together: one socket write per flush instead of one per event."""
+class _ClientStalledError(ConnectionResetError):
+    """The client stopped reading: a write waited `write_timeout_s` for its socket to drain."""
 
-    def __init__(self, response: web.StreamResponse):
+
+class _Events:
+    """SSE events gathered and written together: one socket write per flush instead of one per event.
+
+    Each write is bounded: a client that keeps its connection open but stops reading would otherwise
+    hold its generation and its concurrency slot for ever once the socket buffers fill. Past the bound
+    the connection is aborted and the write raises `_ClientStalledError`, a `ConnectionResetError`, so
+    the stream ends as for a client that went away (the Triton stream is closed, the engine cancels).
+    """
+
+    def __init__(self, request: web.Request, response: web.StreamResponse, write_timeout_s: float):
+        self.request = request
         self.response = response
+        self.write_timeout_s = write_timeout_s
         self.parts: list[bytes] = []
 
     def add(self, event: dict[str, Any]) -> None:
@@ -393,9 +405,18 @@ class _Events:
         self.parts.clear()
         return data
 
+    async def _write(self, data: bytes, eof: bool = False) -> None:
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await (self.response.write_eof(data) if eof else self.response.write(data))
+        except TimeoutError:
+            if self.request.transport is not None:
+                self.request.transport.abort()
+            raise _ClientStalledError(f"the client read nothing for {self.write_timeout_s:g}s") from None
+
     async def flush(self) -> None:
         if self.parts:
-            await self.response.write(self._take())
+            await self._write(self._take())
 
     async def close(self) -> None:
-        await self.response.write_eof(self._take())
+        await self._write(self._take(), eof=True)
