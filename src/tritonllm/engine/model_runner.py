@@ -64,6 +64,9 @@ class ModelRunner:
             dtype=self.kv_cache_dtype,
             device=self.device,
         )
+        # Each layer's (keys, values) views, made once: 90 tensor views a step were ~0.1 ms of a 10 ms
+        # batch-1 step. Block copies write `kv_cache` in place, so the views stay valid.
+        self.kv_layers = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.sampler = Sampler()
 
     def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
@@ -101,7 +104,7 @@ class ModelRunner:
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),
             meta,
-            [(layer[0], layer[1]) for layer in self.kv_cache],
+            self.kv_layers,
             torch.tensor(logits_indices, dtype=torch.long, device=self.device),
         )
         sampling = [c for c in ordered if c.samples]
