@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tritonllm.triton import tensors
-from tritonllm.triton.bridge import Outputs, cancel_check_interval
+from tritonllm.triton.bridge import SWEEP_FACTOR, Outputs, cancel_check_interval
 from tritonllm.triton.models.common import (
     SenderChannel,
     checked_parameters,
@@ -242,11 +242,11 @@ class BLSModel:
 
     def _sweep(self) -> None:
         """Requests without a response lately (waiting in the engine, long prefills)."""
-        while not self._closing.wait(2 * self.CANCEL_CHECK_S):
+        while not self._closing.wait(SWEEP_FACTOR * self.CANCEL_CHECK_S):
             with self._lock:
                 items = list(self._inflight.items())
             for inner_id, state in items:
-                self._check_cancelled(inner_id, state, intervals=2)
+                self._check_cancelled(inner_id, state, intervals=SWEEP_FACTOR)
 
     def _send_stop(self, inner_id: str) -> None:
         """Tell tensorrt_llm to cancel `inner_id` (NVIDIA's `stop` input)."""
