@@ -8,9 +8,9 @@ import torch
 
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.sampler import Sampler
-from tritonllm.engine.scheduler import ScheduledChunk, SchedulerOutput
+from tritonllm.engine.scheduler import SchedulerOutput
+from tritonllm.engine.step_inputs import StepInputs
 from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
-from tritonllm.model.llama import AttentionMetadata, PrefillSpan
 from tritonllm.model.loader import TORCH_DTYPES, load_model
 
 log = logging.getLogger(__name__)
@@ -68,57 +68,17 @@ class ModelRunner:
         # batch-1 step. Block copies write `kv_cache` in place, so the views stay valid.
         self.kv_layers = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.sampler = Sampler()
+        self.inputs = StepInputs(config.tokens_per_block, self.device)
 
     def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
         """Run one step; returns (chunk, token, logprob) for each chunk that completes its sequence."""
         if step.block_copies:
             src, dst = (torch.tensor(x, device=self.device) for x in zip(*step.block_copies, strict=False))
             self.kv_cache[:, :, :, dst] = self.kv_cache[:, :, :, src]
-        decodes = [c for c in step.chunks if c.num_tokens == 1]
-        prefills = [c for c in step.chunks if c.num_tokens > 1]
-        ordered = decodes + prefills
-        input_ids, positions, slots, logits_indices = [], [], [], []
-        spans = []
-        bs = self.tokens_per_block
-        for chunk in ordered:
-            seq, start = chunk.seq, chunk.seq.num_computed_tokens
-            table = block_tables[seq.request_id]
-            first = len(input_ids)
-            input_ids.extend(seq.token_ids[start : start + chunk.num_tokens])
-            pos = range(start, start + chunk.num_tokens)
-            positions.extend(pos)
-            slots.extend(table[p // bs] * bs + p % bs for p in pos)
-            if chunk.num_tokens > 1:
-                context = start + chunk.num_tokens
-                block_ids = torch.tensor(table[: -(-context // bs)], device=self.device)
-                spans.append(PrefillSpan(first, chunk.num_tokens, context, block_ids))
-            if chunk.samples:
-                logits_indices.append(len(input_ids) - 1)
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            num_decodes=len(decodes),
-            prefills=spans,
-            **self._decode_tables(decodes, block_tables),
-        )
-        logits = self.model(
-            torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            meta,
-            self.kv_layers,
-            torch.tensor(logits_indices, dtype=torch.long, device=self.device),
-        )
+        # Decodes first: the model runs their attention as one batch ahead of the prefill chunks.
+        ordered = sorted(step.chunks, key=lambda c: c.num_tokens > 1)
+        input_ids, positions, meta, logits_indices = self.inputs.build(ordered, block_tables)
+        logits = self.model(input_ids, positions, meta, self.kv_layers, logits_indices)
         sampling = [c for c in ordered if c.samples]
         tokens, logprobs = self.sampler(logits, [c.seq for c in sampling])
         return list(zip(sampling, tokens, logprobs, strict=False))
-
-    def _decode_tables(self, decodes: list[ScheduledChunk], block_tables: dict[str, list[int]]) -> dict:
-        """Block tables padded to the longest decode, and how many keys each decode attends to."""
-        lengths = [c.seq.num_computed_tokens + 1 for c in decodes]
-        width = -(-max(lengths, default=1) // self.tokens_per_block)
-        tables = [block_tables[c.seq.request_id][:width] for c in decodes]
-        return {
-            "decode_block_tables": torch.tensor(
-                [t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=self.device
-            ).view(len(decodes), width),
-            "decode_context_lens": torch.tensor(lengths, dtype=torch.long, device=self.device),
-        }
