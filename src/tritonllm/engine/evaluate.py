@@ -27,6 +27,9 @@ def token_logprobs(runner: ModelRunner, token_ids: list[int]) -> torch.Tensor:
         decode_block_tables=torch.zeros(0, 1, **long),
         decode_context_lens=torch.zeros(0, **long),
         prefills=[PrefillSpan(0, n, n, torch.arange(blocks, **long))],
+        prefill_block_tables=torch.arange(blocks, **long)[None],
+        prefill_context_lens=torch.tensor([n], **long),
+        prefill_query_starts=torch.tensor([0, n], **long),
     )
     ids = torch.tensor(token_ids, **long)
     caches = [(layer[0], layer[1]) for layer in scratch]

@@ -24,7 +24,8 @@ class StepInputs:
         self.device = device
         self._per_token = np.zeros((3, 0), dtype=np.int64)  # input ids, positions, cache slots
         self._tables = np.zeros(0, dtype=np.int64)  # [seqs, width] block tables, flat
-        self._per_seq = np.zeros((2, 0), dtype=np.int64)  # context lengths, logits indices
+        # context lengths, logits indices, prefill query starts (one more than chunks)
+        self._per_seq = np.zeros((3, 1), dtype=np.int64)
 
     def build(
         self, chunks: Sequence[ScheduledChunk], block_tables: dict[str, list[int]]
@@ -70,10 +71,16 @@ class StepInputs:
         per_seq = self._per_seq[:, :num_seqs]
         per_seq[0] = contexts
         per_seq[1, : len(logits_at)] = logits_at
-        ids_t, positions_t, slots_t, tables_t, lens_t, logits_t = self._to_device(
-            *per_token, flat.reshape(num_seqs, width), per_seq[0], per_seq[1, : len(logits_at)]
-        )
         num_decodes = num_seqs - len(prefill_rows)
+        query_starts = self._per_seq[2, : len(prefill_rows) + 1]
+        query_starts[:] = [at - num_decodes for _, at, _, _ in prefill_rows] + [num_tokens - num_decodes]
+        ids_t, positions_t, slots_t, tables_t, lens_t, logits_t, starts_t = self._to_device(
+            *per_token,
+            flat.reshape(num_seqs, width),
+            per_seq[0],
+            per_seq[1, : len(logits_at)],
+            query_starts,
+        )
         spans = [PrefillSpan(at, n, ctx, tables_t[i, : -(-ctx // bs)]) for i, at, n, ctx in prefill_rows]
         meta = AttentionMetadata(
             slot_mapping=slots_t,
@@ -81,6 +88,9 @@ class StepInputs:
             decode_block_tables=tables_t[:num_decodes],
             decode_context_lens=lens_t[:num_decodes],
             prefills=spans,
+            prefill_block_tables=tables_t[num_decodes:],
+            prefill_context_lens=lens_t[num_decodes:],
+            prefill_query_starts=starts_t,
         )
         return ids_t, positions_t, meta, logits_t
 
@@ -89,8 +99,8 @@ class StepInputs:
             self._per_token = np.zeros((3, max(num_tokens, 2 * self._per_token.shape[1])), dtype=np.int64)
         if num_seqs * width > self._tables.size:
             self._tables = np.zeros(max(num_seqs * width, 2 * self._tables.size), dtype=np.int64)
-        if num_seqs > self._per_seq.shape[1]:
-            self._per_seq = np.zeros((2, max(num_seqs, 2 * self._per_seq.shape[1])), dtype=np.int64)
+        if num_seqs + 1 > self._per_seq.shape[1]:
+            self._per_seq = np.zeros((3, max(num_seqs + 1, 2 * self._per_seq.shape[1])), dtype=np.int64)
 
     def _to_device(self, *arrays: np.ndarray) -> list[torch.Tensor]:
         host = [torch.from_numpy(a) for a in arrays]

@@ -52,6 +52,11 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor  # [D, max_blocks]
     decode_context_lens: torch.Tensor  # [D] int64, keys each decode attends to (itself included)
     prefills: list[PrefillSpan]
+    # The prefill chunks again, for the CPU kernel's one call: per chunk its block table [P, W], the keys its
+    # last query sees [P], and where its queries start among the prefill tokens [P + 1] (int64).
+    prefill_block_tables: torch.Tensor
+    prefill_context_lens: torch.Tensor
+    prefill_query_starts: torch.Tensor
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -113,6 +118,7 @@ class DecoderLayer(nn.Module):
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
         self.scale = args.head_dim**-0.5
+        self.varlen_prefill = True  # prefill chunks through the CPU kernel's one call, else a loop over SDPA
 
     def forward(self, x, delta, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """Adds the previous layer's output `delta` to the residual stream `x` (in place, as the norm reads
@@ -126,16 +132,28 @@ class DecoderLayer(nn.Module):
         if not meta.prefills:
             out = self._decode_attention(q, k_cache, v_cache, meta)
         else:
-            v = qkv[:, self.q_size + self.kv_size :].reshape(-1, a.num_kv_heads, a.head_dim)
             out = torch.empty_like(q)
             if meta.num_decodes:
                 out[: meta.num_decodes] = self._decode_attention(
                     q[: meta.num_decodes], k_cache, v_cache, meta
                 )
-            for span in meta.prefills:
-                out[span.start : span.start + span.length] = self._prefill_attention(
-                    q, k, v, k_cache, v_cache, span
+            kernel = load_kernels() if q.device.type == "cpu" and self.varlen_prefill else None
+            if kernel is not None:
+                out[meta.num_decodes :] = kernel.paged_prefill_attention(
+                    q[meta.num_decodes :].contiguous(),
+                    k_cache,
+                    v_cache,
+                    meta.prefill_block_tables,
+                    meta.prefill_query_starts,
+                    meta.prefill_context_lens,
+                    self.scale,
                 )
+            else:
+                v = qkv[:, self.q_size + self.kv_size :].reshape(-1, a.num_kv_heads, a.head_dim)
+                for span in meta.prefills:
+                    out[span.start : span.start + span.length] = self._prefill_attention(
+                        q, k, v, k_cache, v_cache, span
+                    )
         h = ops.add_rms_norm(
             x, self.o_proj(out.view(-1, self.q_size)), self.post_attention_norm, a.rms_norm_eps
         )

@@ -9,11 +9,14 @@
 #include "linear.cpp"
 #include "int8_linear.cpp"
 #include "paged_attention.cpp"
+#include "prefill_attention.cpp"
 #include "decode_stack.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged KV cache", release());
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "causal attention of a step's prefill chunks (variable lengths) over a paged KV cache", release());
   m.def("int8_pack", &int8_pack, "int8 weights in blocks of 32 + their scales, in the kernels' tiles of 8 rows",
         pybind11::arg("weight"), pybind11::arg("scales"), release());
   m.def("int8_linear", &int8_linear, "x @ W^T for packed int8 weights (activations quantized per block of 32)",
