@@ -124,3 +124,16 @@ def test_prefill_sized_bf16_batches_take_blas_with_the_kernels_answer(
     tolerance = 1e-4 if activations == torch.float32 else 2e-2
     assert blas.dtype == activations
     torch.testing.assert_close(blas, layer(x), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+def test_shape_mismatches_raise_with_the_sizes_in_the_message(isa: str) -> None:
+    """Messages that carry numbers are built without std::ostream (csrc/errors.h): streaming an integer into
+    a check's message crashed the process on one machine's toolchain instead of raising."""
+    kernels = load_kernels(isa)
+    with pytest.raises(RuntimeError, match="activations have 3 features; the weight expects 5"):
+        kernels.bf16_linear(torch.zeros(2, 3), torch.zeros(4, 5, dtype=torch.bfloat16))
+    q, scale = quantize_int8_blocks(torch.randn(8, 64))
+    packed = kernels.int8_pack(q, scale)
+    with pytest.raises(RuntimeError, match="activations have 100 features; the weight holds 64"):
+        kernels.int8_linear(torch.zeros(1, 100), packed)

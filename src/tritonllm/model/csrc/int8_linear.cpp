@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "errors.h"
 #include "simd.h"
 
 namespace {
@@ -203,7 +204,7 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
 
 void check_packed(const at::Tensor& packed) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kTileBlock,
-              "packed int8 weights must be contiguous uint8 [tiles, blocks, ", kTileBlock, "] (from int8_pack)");
+              errors::message("packed int8 weights must be contiguous uint8 [tiles, blocks, ", kTileBlock, "] (from int8_pack)"));
 }
 
 }  // namespace
@@ -237,7 +238,7 @@ at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
   check_packed(packed);
   const int64_t tiles = packed.size(0), nb = packed.size(1);
-  TORCH_CHECK(x.size(-1) <= nb * kBlock && x.size(-1) > (nb - 1) * kBlock, "activations have ", x.size(-1), " features; the weight holds ", nb * kBlock, " (padded)");
+  TORCH_CHECK(x.size(-1) <= nb * kBlock && x.size(-1) > (nb - 1) * kBlock, errors::message("activations have ", x.size(-1), " features; the weight holds ", nb * kBlock, " (padded)"));
   check_activations(x, x.size(-1));
   check_bias(bias, tiles * kTileRows);
   if (x.scalar_type() == at::kFloat) return dot_product<float>(x, packed, bias);

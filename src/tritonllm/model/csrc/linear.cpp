@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "errors.h"
 #include "simd.h"
 
 namespace {
@@ -191,7 +192,7 @@ at::Tensor fp32_activations(const at::Tensor& x, int64_t m, int64_t k) {
 void check_activations(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.is_contiguous() && x.dim() >= 1, "activations must be contiguous");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "activations must be float32 or bfloat16");
-  TORCH_CHECK(x.size(-1) == k, "activations have ", x.size(-1), " features; the weight expects ", k);
+  TORCH_CHECK(x.size(-1) == k, errors::message("activations have ", x.size(-1), " features; the weight expects ", k));
 }
 
 void check_bias(const c10::optional<at::Tensor>& bias, int64_t n) {

@@ -16,6 +16,7 @@
 #include <numeric>
 #include <vector>
 
+#include "errors.h"
 #include "simd.h"
 
 namespace {
@@ -217,7 +218,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
   TORCH_CHECK(seqs == 0 || (s[0] == 0 && s[seqs] == q.size(0)), "query starts must run from 0 to q's tokens");
   for (int64_t i = 0; i < seqs; ++i)
     TORCH_CHECK(s[i + 1] > s[i] && l[i] >= s[i + 1] - s[i] && l[i] <= tables.size(1) * k_cache.size(2),
-                "chunk ", i, ": needs 1 <= queries <= keys <= its table's capacity");
+                errors::message("chunk ", i, ": needs 1 <= queries <= keys <= its table's capacity"));
   auto out = at::empty_like(q);
   if (bf16_cache) {
     prefill_kernel<float, at::BFloat16>(q, k_cache, v_cache, tables, starts, lens, scale, out);
