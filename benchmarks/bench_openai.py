@@ -38,6 +38,7 @@ from tritonllm.default_model import model_path_or_default
 from tritonllm.openai.child import FrontDoorProcess
 from tritonllm.openai.protocol import PromptEncoder, RequestTranslator
 from tritonllm.openai.triton import TritonBackend
+from tritonllm.precision import TORCH_QUANTIZATIONS
 from tritonllm.tokenization import load_tokenizer
 from tritonllm.triton.launcher import LaunchOptions, TritonServer
 
@@ -270,6 +271,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--quantization", default="auto", choices=("auto", *TORCH_QUANTIZATIONS))
+    parser.add_argument("--dtype", default="auto", help="the engine's, as `tritonllm launch` takes it")
     parser.add_argument("--aiperf", help="path of the aiperf command (its own virtualenv)")
     parser.add_argument("--aiperf-requests", type=int, default=32)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "openai"))
@@ -278,7 +281,12 @@ def main() -> int:
     model_dir = str(model_path_or_default(args.model))
     encoder = PromptEncoder(load_tokenizer(model_dir))
     options = LaunchOptions(
-        model=model_dir, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
+        model=model_dir,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        quantization=args.quantization,  # the serving default (`tritonllm launch`), not the engine's fp32
+        dtype=args.dtype,
     )
     server = TritonServer(options).start()
     front_door = FrontDoorProcess(model_dir, server.grpc_url, "127.0.0.1", free_port(), None)
@@ -297,7 +305,8 @@ def main() -> int:
         )
         load = os.getloadavg()[0]
         results["setup"] = (
-            f"{Path(model_dir).name}, {args.rounds} rounds x {args.requests} requests per path, concurrency "
+            f"{Path(model_dir).name} (quantization {args.quantization}, dtype {args.dtype}), {args.rounds} "
+            f"rounds x {args.requests} requests per path, concurrency "
             f"{args.concurrency}, {args.prompt_tokens}-token prompts, {args.max_tokens} output tokens; CPU "
             f"{cpu_description()}; load average at the end {load:.1f}"
         )
