@@ -9,6 +9,9 @@ workloads, then stops (always, also on error or Ctrl-C), then the next starts:
   mixed    64 requests at once, prompts 32-512, outputs 16-256
   poisson  open-loop Poisson arrivals (0.5 req/s, prompts 16-1024, outputs 8-384, at most 60 requests
            or 120 s of arrivals)
+  b1x      (with --interleave-b1 N) batch 1 again, 128/128, but with every server up at once and one
+           request to each in turn, N rounds: this machine's speed drifts over minutes, which the
+           one-server-after-another runs above fold into their ratios; here it hits every server alike
 
 Servers: `tritonllm` (`.venv/bin/tritonllm launch`, gRPC streaming into `tensorrt_llm`; once per
 --tritonllm-args), `llama-bf16` and `llama-q8_0` (llama-server on GGUFs converted from the same HF
@@ -21,11 +24,14 @@ Writes <out>/<name>.json and .md (tables, CPU flags, load average) and <out>/raw
     .venv/bin/python benchmarks/bench_peers.py --quick
     .venv/bin/python benchmarks/bench_peers.py --tritonllm-args "" --tritonllm-args "--quantization int8"
     .venv/bin/python benchmarks/bench_peers.py --servers tritonllm,llama-bf16 --workloads b1,c32
+    .venv/bin/python benchmarks/bench_peers.py --servers tritonllm,llama-q8_0 --workloads "" \
+        --interleave-b1 15
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,7 +46,15 @@ from typing import Any
 
 from peers import install, servers
 from peers.report import cpu_info, markdown
-from peers.workloads import RequestSpec, Scale, Workload, make_workloads, run_workload, summarise
+from peers.workloads import (
+    RequestSpec,
+    Scale,
+    Workload,
+    interleaved_b1,
+    make_workloads,
+    run_workload,
+    summarise,
+)
 
 from tritonllm.default_model import model_path_or_default
 from tritonllm.engine.config import auto_quantization
@@ -169,6 +183,30 @@ def measure(peer: servers.Peer, workloads: list[Workload], ready_timeout_s: floa
     log(f"{label}: stopped")
 
 
+def measure_interleaved(peers: list[servers.Peer], b1x: Workload, ready_timeout_s: float, run: Run) -> None:
+    """Every server up at once (idle ones sleep), warmed up; then each of b1x's requests goes to every
+    server in turn, the order rotated per request. Summarised like b1 (median decode rate)."""
+    results: dict[str, list] = {}
+    with contextlib.ExitStack() as stack:
+        for peer in peers:
+            label = peer.server.label
+            run.weights[label] = peer.server.weights
+            log(f"{label}: starting for {b1x.name}")
+            stack.enter_context(peer.server.running(ready_timeout_s))
+            run_workload(warmup(), peer.stream)
+            results[label] = []
+        log(f"{b1x.name}: {len(b1x.requests)} rounds over {len(peers)} servers")
+        for i, spec in enumerate(b1x.requests):
+            for peer in peers[i % len(peers) :] + peers[: i % len(peers)]:
+                one = Workload(b1x.name, b1x.title, (spec,), sequential=True)
+                results[peer.server.label] += run_workload(one, peer.stream)
+    for label, label_results in results.items():
+        s = summarise(label_results, sequential=True)
+        run.summaries.setdefault(label, {})[b1x.name] = s
+        run.raw.setdefault(label, {})[b1x.name] = [dataclasses.asdict(r) for r in label_results]
+        log(f"{label}: {b1x.name}: {s['out_tok_s'] or 0:.1f} tok/s, errors {s['errors']}")
+
+
 def git_commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     return out.stdout.strip()
@@ -195,6 +233,14 @@ def parse_args() -> argparse.Namespace:
         help='engine options for `tritonllm launch` (e.g. "--quantization int8 --dtype auto"); '
         'repeat to run several variants, "" is the defaults (default: one run with the '
         "defaults). Compared with llama.cpp q8_0 when the options say int8/q8, else bf16",
+    )
+    parser.add_argument(
+        "--interleave-b1",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the workloads, N rounds of the b1x workload: all servers up at once, one batch-1 "
+        "request to each in turn (default 0: not run)",
     )
     parser.add_argument(
         "--quick",
@@ -252,7 +298,7 @@ def main() -> int:
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     scale = Scale.quick() if args.quick else Scale()
     all_workloads = make_workloads(vocab_size, args.seed, scale)
-    names = args.workloads.split(",")
+    names = [n for n in args.workloads.split(",") if n]
     if set(names) - set(WORKLOADS):
         raise SystemExit(f"--workloads: unknown {sorted(set(names) - set(WORKLOADS))}")
     workloads = [all_workloads[n] for n in WORKLOADS if n in names]
@@ -272,9 +318,12 @@ def main() -> int:
     }
     log(f"CPU {meta['cpu_model']} flags {meta['cpu_flags']}; load average {meta['load_before']}")
 
-    run = Run(meta, {w.name: w.title for w in workloads}, out, args.name, raw_dir)
+    b1x = interleaved_b1(vocab_size, args.seed, scale, args.interleave_b1) if args.interleave_b1 else None
+    titles = {w.name: w.title for w in workloads + ([b1x] if b1x else [])}
+    run = Run(meta, titles, out, args.name, raw_dir)
     try:
-        for name, factory in build_peers(args, model_dir, raw_dir):
+        plan = build_peers(args, model_dir, raw_dir)
+        for name, factory in plan if workloads else []:
             log(f"{name}: set-up")
             try:
                 measure(factory(), workloads, args.ready_timeout, run)
@@ -282,6 +331,12 @@ def main() -> int:
                 run.failures[name] = f"{type(exc).__name__}: {exc}"
                 log(f"{name}: FAILED: {run.failures[name]}")
             run.write()
+        if b1x is not None:
+            try:
+                measure_interleaved([factory() for _, factory in plan], b1x, args.ready_timeout, run)
+            except Exception as exc:  # keep the per-server figures
+                run.failures[b1x.name] = f"{type(exc).__name__}: {exc}"
+                log(f"{b1x.name}: FAILED: {run.failures[b1x.name]}")
     finally:  # also on Ctrl-C / SIGTERM: keep what was measured
         print(run.write())
     log(f"wrote {out / args.name}.md, .json and {raw_dir}")

@@ -127,6 +127,14 @@ def make_workloads(vocab_size: int, seed: int, scale: Scale) -> dict[str, Worklo
     return {w.name: w for w in workloads}
 
 
+def interleaved_b1(vocab_size: int, seed: int, scale: Scale, rounds: int) -> Workload:
+    """b1's shape with its own prompts, one per round; bench_peers sends each to every server in turn."""
+    n = scale.fixed_len
+    rng = np.random.default_rng([seed, 6])
+    title = f"1 request {n}/{n}, servers interleaved"
+    return Workload("b1x", title, _burst(rng, vocab_size, rounds, n, n), sequential=True)
+
+
 def run_workload(workload: Workload, stream: StreamFn) -> list[RequestResult]:
     """Send every request of the workload on its schedule (the stream function bounds each wait)."""
     start = time.perf_counter()
