@@ -11,7 +11,10 @@ import math
 import torch
 
 from tritonllm.engine.model_runner import ModelRunner
-from tritonllm.model.llama import AttentionMetadata, PrefillSpan
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.scheduler import ScheduledChunk
+from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.step_inputs import StepInputs
 
 
 def token_logprobs(runner: ModelRunner, token_ids: list[int]) -> torch.Tensor:
@@ -20,20 +23,13 @@ def token_logprobs(runner: ModelRunner, token_ids: list[int]) -> torch.Tensor:
     blocks = -(-n // runner.tokens_per_block)
     shape = (a.num_layers, 2, a.num_kv_heads, blocks, runner.tokens_per_block, a.head_dim)
     scratch = torch.zeros(shape, dtype=runner.kv_cache_dtype, device=device)
-    long = {"dtype": torch.long, "device": device}
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n, **long),
-        num_decodes=0,
-        decode_block_tables=torch.zeros(0, 1, **long),
-        decode_context_lens=torch.zeros(0, **long),
-        prefills=[PrefillSpan(0, n, n, torch.arange(blocks, **long))],
-        prefill_block_tables=torch.arange(blocks, **long)[None],
-        prefill_context_lens=torch.tensor([n], **long),
-        prefill_query_starts=torch.tensor([0, n], **long),
+    # The whole sequence as one prompt chunk over the scratch blocks 0..blocks-1, as a serving step sees it.
+    prompt = ScheduledChunk(Sequence("evaluate", token_ids, SamplingParams()), n)
+    ids, positions, meta, _ = StepInputs(runner.tokens_per_block, device).build(
+        [prompt], {"evaluate": list(range(blocks))}
     )
-    ids = torch.tensor(token_ids, **long)
     caches = [(layer[0], layer[1]) for layer in scratch]
-    logits = runner.model(ids, torch.arange(n, **long), meta, caches, torch.arange(n - 1, **long))
+    logits = runner.model(ids, positions, meta, caches, torch.arange(n - 1, device=device))
     return torch.log_softmax(logits, dim=-1).gather(1, ids[1:, None])[:, 0]
 
 

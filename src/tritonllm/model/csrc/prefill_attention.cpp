@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include "errors.h"
@@ -27,6 +26,7 @@ constexpr int kScoreRows = 6, kValueRows = 3;  // 12 accumulators + their operan
 
 struct PrefillTask {
   int64_t seq, head, first, last;  // queries [first, last) of `seq` (0 = the chunk's first), kv head `head`
+  int64_t keys;                    // keys its last query sees: the task's cost
 };
 
 // Up to kKeyTile keys of the cache (T or bf16, [n, d]) as fp32: transposed [d, kKeyTile] (zero-padded) for the
@@ -125,18 +125,14 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
   T* op = out.data_ptr<T>();
 
   std::vector<PrefillTask> tasks;
-  std::vector<int64_t> cost;  // keys the task's last query sees
   for (int64_t s = 0; s < seqs; ++s) {
     const int64_t length = starts[s + 1] - starts[s], cached = lens[s] - length;
-    for (int64_t first = 0; first < length; first += kQueryTile)
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        tasks.push_back({s, h, first, std::min(length, first + kQueryTile)});
-        cost.push_back(cached + tasks.back().last);
-      }
+    for (int64_t first = 0; first < length; first += kQueryTile) {
+      const int64_t last = std::min(length, first + kQueryTile);
+      for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({s, h, first, last, cached + last});
+    }
   }
-  std::vector<int64_t> order(tasks.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+  std::stable_sort(tasks.begin(), tasks.end(), [](const PrefillTask& a, const PrefillTask& b) { return a.keys > b.keys; });
 
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(tasks.size());
@@ -145,8 +141,8 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     std::vector<float> query(rows_max * d), acc(rows_max * d), kt(d * kKeyTile), values(kKeyTile * d);
     std::vector<float> row_max(rows_max), row_sum(rows_max), rescale(rows_max), scores(rows_max * kKeyTile);
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      const PrefillTask& task = tasks[order[i]];
-      const int64_t cached = lens[task.seq] - (starts[task.seq + 1] - starts[task.seq]);
+      const PrefillTask& task = tasks[i];
+      const int64_t cached = task.keys - task.last;
       const int64_t rows = (task.last - task.first) * group;  // row r: query first + r / group, head r % group
       for (int64_t r = 0; r < rows; ++r) {
         const T* src = qp + ((starts[task.seq] + task.first + r / group) * heads + task.head * group + r % group) * d;
@@ -156,10 +152,9 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
       std::fill(row_max.begin(), row_max.begin() + rows, -std::numeric_limits<float>::infinity());
       std::fill(row_sum.begin(), row_sum.begin() + rows, 0.f);
       const int64_t* table = tables + task.seq * width;
-      const int64_t visible_end = cached + task.last;  // keys the tile's last query sees
-      for (int64_t t = 0; t < visible_end;) {
+      for (int64_t t = 0; t < task.keys;) {
         const int64_t in_block = t % block_size;
-        const int64_t run = std::min({kKeyTile, block_size - in_block, visible_end - t});
+        const int64_t run = std::min({kKeyTile, block_size - in_block, task.keys - t});
         const int64_t offset = task.head * per_head + (table[t / block_size] * block_size + in_block) * d;
         load_keys_transposed(kp + offset, run, d, kt.data());
         load_values(vp + offset, run * d, values.data());
