@@ -11,6 +11,7 @@ from tritonllm.engine.sampler import Sampler
 from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.engine.step_inputs import StepInputs
 from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
+from tritonllm.model.huge_pages import huge_page_zeros
 from tritonllm.model.loader import TORCH_DTYPES, load_model
 
 log = logging.getLogger(__name__)
@@ -54,16 +55,19 @@ class ModelRunner:
         )
         self.bytes_per_block = bytes_per_block
         self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_bytes // bytes_per_block)
-        self.kv_cache = torch.zeros(
+        shape = (
             a.num_layers,
             2,
             a.num_kv_heads,  # head-major, so a gather of blocks is contiguous per head
             self.num_blocks,
             config.tokens_per_block,
             a.head_dim,
-            dtype=self.kv_cache_dtype,
-            device=self.device,
         )
+        # Decode attention reads blocks from all over the cache: on the CPU, 2 MB pages miss the TLB less.
+        if self.device.type == "cpu":
+            self.kv_cache = huge_page_zeros(shape, self.kv_cache_dtype)
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
         # Each layer's (keys, values) views, made once: 90 tensor views a step were ~0.1 ms of a 10 ms
         # batch-1 step. Block copies write `kv_cache` in place, so the views stay valid.
         self.kv_layers = [(layer[0], layer[1]) for layer in self.kv_cache]

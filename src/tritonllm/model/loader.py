@@ -16,8 +16,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tritonllm.engine_format import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
+from tritonllm.model.huge_pages import move_weights_to_huge_pages
 from tritonllm.model.llama import DecoderLayer, LlamaModel
-from tritonllm.model.quant import make_linear, prequantized_linear
+from tritonllm.model.quant import make_linear, prequantized_linear, runs_on_kernels
 from tritonllm.precision import DTYPES
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES if name != "auto"}
@@ -120,4 +121,10 @@ def load_model(
     leftover = [n for n in tensors if not n.endswith("rotary_emb.inv_freq")]
     if leftover:
         raise UnsupportedModelError(f"checkpoint has tensors the engine does not use: {leftover[:5]}")
+    streamed = [  # in the order a decode step reads them
+        m for layer in layers for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    ] + [lm_head]
+    # A bf16 head tied to the embedding stays where the embedding is (one copy).
+    kernel_read = [m for m in streamed if runs_on_kernels(m) and m.weight.data_ptr() != embed.data_ptr()]
+    move_weights_to_huge_pages(kernel_read)
     return model.eval()

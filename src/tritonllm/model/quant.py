@@ -112,13 +112,21 @@ INT8_BLOCK = 32
 
 def quantize_int8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """W ~= W_int8 * scale per block of 32 inputs: int8 [N, K'] and fp32 scales [N, K'/32], where K' is K
-    rounded up to 32 (zero-padded)."""
+    rounded up to 32 (zero-padded). Scales are fp16 values (the kernel's tiles store them so, as q8_0 does),
+    rounded up so that no weight exceeds 127 steps."""
     n, k = weight.shape
     padded = -(-k // INT8_BLOCK) * INT8_BLOCK
     blocks = F.pad(weight.float(), (0, padded - k)).view(n, padded // INT8_BLOCK, INT8_BLOCK)
-    scale = blocks.abs().amax(dim=-1) / 127.0
+    scale = fp16_at_least(blocks.abs().amax(dim=-1) / 127.0)
     q = torch.round(blocks / scale.clamp(min=1e-12)[..., None]).clamp(-127, 127).to(torch.int8)
     return q.view(n, padded), scale.contiguous()
+
+
+def fp16_at_least(values: torch.Tensor) -> torch.Tensor:
+    """The smallest fp16 value >= each of `values` (non-negative, below fp16's max), in fp32."""
+    half = values.half()
+    below = half.float() < values
+    return torch.where(below, torch.nextafter(half, torch.full_like(half, torch.inf)), half).float()
 
 
 QUANTIZERS = {"int8_wo": quantize_int8, "fp8": quantize_fp8, "int8": quantize_int8_blocks}
@@ -178,10 +186,15 @@ class BlockInt8Linear(nn.Module):
 NO_TENSOR = torch.empty(0)  # "none" in the tensor lists of csrc/decode_stack.cpp
 
 
+def runs_on_kernels(linear: nn.Module) -> bool:
+    """True for a linear whose `weight` the CPU kernels read as it is (packed int8 or bf16)."""
+    return isinstance(linear, BlockInt8Linear | Bf16Linear) and linear.kernels is not None
+
+
 def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
     """[weight, bias] of a linear that runs on the CPU kernels, as `csrc/decode_stack.cpp` takes them (an
     empty tensor for no bias), or None for any other linear, and for int8 ones with padded rows to drop."""
-    if not isinstance(linear, BlockInt8Linear | Bf16Linear) or linear.kernels is None:
+    if not runs_on_kernels(linear):
         return None
     if isinstance(linear, BlockInt8Linear) and linear.out_features % INT8_TILE_ROWS:
         return None

@@ -1,0 +1,91 @@
+"""The weights the CPU kernels stream and the KV cache live in huge-page buffers (`model/huge_pages.py`):
+one buffer per model, in the order a decode step reads the weights, asked of the OS with MADV_HUGEPAGE;
+the model's output does not change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
+from tritonllm.model.cpu_kernels import load_kernels
+from tritonllm.model.huge_pages import HUGE_PAGE, huge_page_bytes, huge_page_zeros
+from tritonllm.model.loader import load_model
+from tritonllm.model.quant import runs_on_kernels
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `address` (Linux /proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_buffers_are_zeroed_aligned_and_advised() -> None:
+    buffer = huge_page_bytes(3 * HUGE_PAGE + 5)
+    assert buffer.numel() == 3 * HUGE_PAGE + 5 and buffer.data_ptr() % HUGE_PAGE == 0
+    assert not buffer.any()
+    buffer[-1] = 7
+    assert buffer[-1] == 7
+    if Path("/proc/self/smaps").exists():
+        assert "hg" in vm_flags(buffer.data_ptr())  # MADV_HUGEPAGE took
+    cache = huge_page_zeros((2, 3, 40, 16, 8), torch.bfloat16)
+    assert cache.shape == (2, 3, 40, 16, 8) and cache.dtype == torch.bfloat16 and cache.is_contiguous()
+
+
+@pytest.mark.skipif(load_kernels() is None, reason="needs the CPU kernels")
+@pytest.mark.parametrize("quantization", ["int8", "none"])
+def test_streamed_weights_sit_back_to_back_in_step_order(tiny_llama_dir: Path, quantization: str) -> None:
+    model = load_model(tiny_llama_dir, "bfloat16", "cpu", quantization)
+    order = [
+        m
+        for layer in model.layers
+        for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    ] + [model.lm_head]
+    assert all(runs_on_kernels(m) for m in order)
+    addresses = [m.weight.data_ptr() for m in order]
+    assert addresses == sorted(addresses) and all(a % 64 == 0 for a in addresses)
+    assert len({m.weight.untyped_storage().data_ptr() for m in order}) == 1  # one buffer
+    last = order[-1].weight
+    span = addresses[-1] + last.numel() * last.element_size() - addresses[0]
+    assert span < sum(m.weight.numel() * m.weight.element_size() + 64 for m in order)  # nothing between
+
+
+def test_a_tied_bf16_head_keeps_sharing_the_embedding(tiny_llama_tied_dir: Path) -> None:
+    """Moving it would hold the embedding twice."""
+    model = load_model(tiny_llama_tied_dir, "bfloat16", "cpu", "none")
+    assert model.lm_head.weight.untyped_storage().data_ptr() == model.embed.untyped_storage().data_ptr()
+
+
+@pytest.mark.skipif(load_kernels() is None, reason="needs the CPU kernels")
+def test_greedy_output_is_the_same_on_huge_pages(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against the same engine with weights and cache in PyTorch's own allocations."""
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="bfloat16", quantization="int8", num_kv_blocks=64)
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+
+    def generate() -> list[int]:
+        engine = LLMEngine(config)
+        engine.add_request("r", list(range(3, 40)), params)
+        tokens: list[int] = []
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens += out.new_token_ids
+        return tokens
+
+    on_huge_pages = generate()
+    import tritonllm.engine.model_runner as model_runner
+    import tritonllm.model.loader as loader
+
+    monkeypatch.setattr(loader, "move_weights_to_huge_pages", lambda modules: None)
+    monkeypatch.setattr(model_runner, "huge_page_zeros", lambda shape, dtype: torch.zeros(shape, dtype=dtype))
+    assert generate() == on_huge_pages and len(on_huge_pages) == 24
