@@ -1,12 +1,12 @@
-// Linear layers over int8 weights in blocks of 32 inputs with one fp32 scale each (llama.cpp's q8_0), times
+// Linear layers over int8 weights in blocks of 32 inputs with one fp16 scale each (llama.cpp's q8_0), times
 // activations quantized to int8 per token and block on the fly (the arithmetic of llama.cpp's q8_0 x q8_0 dot
 // product), at every batch size.
 //
 // The weights are repacked once at load into tiles of 8 rows. Per block of 32 inputs a tile holds 272 bytes:
-// the 8 rows' scales in fp16 (as q8_0 stores them: 34 bytes per 32 weights where fp32 scales took 36, and
-// batch 1 reads every byte each token), then 4 chunks of 8 inputs, each as rows 0-3 then rows 4-7 (8 bytes per row). One
-// 32-byte load thus holds 4 rows x 8 inputs; multiplied by 8 activations repeated 4 times, 4 such products
-// give all 8 rows' dot products for a block in one vector, scaled by one multiply-add. That is a third fewer
+// the 8 rows' scales in fp16 (34 bytes per 32 weights, as q8_0; fp32 scales took 36, and batch 1 reads every
+// byte each token), then 4 chunks of 8 inputs, each as rows 0-3 then rows 4-7 (8 bytes per row). One 32-byte
+// load thus holds 4 rows x 8 inputs; multiplied by 8 activations repeated 4 times, 4 such products give all 8
+// rows' dot products for a block in one vector, scaled by one multiply-add. That is a third fewer
 // instructions per weight byte than a row at a time, and one contiguous stream per thread, prefetched ahead:
 // batch-1 decode reads every weight once per token, so this is what sets its speed. With more tokens a tile
 // stays in cache while the tokens go by two at a time: on AVX2 this beat expanding the weights to fp32 for
