@@ -86,6 +86,17 @@ def test_int8_quantization_error_is_small() -> None:
     assert q.abs().max() <= 127
 
 
+def test_int8_block_scales_are_fp16_values_rounded_up() -> None:
+    """The kernels' tiles store scales in fp16: the quantizer picks fp16 values, never below a block's largest
+    weight / 127 (so no weight is clipped), and refuses weights no fp16 scale can reach."""
+    w = torch.randn(16, 96) * torch.logspace(-6, 2, 96)
+    _, scale = quantize_int8_blocks(w)
+    assert torch.equal(scale.half().float(), scale)
+    assert (scale * 127 >= w.abs().view(16, 3, 32).amax(-1)).all()
+    with pytest.raises(ValueError, match="int8 blocks with fp16 scales hold at most"):
+        quantize_int8_blocks(torch.full((8, 32), 1e7))
+
+
 @pytest.mark.parametrize("rows", [24, 13])
 @pytest.mark.parametrize("tokens", [2, 8])
 def test_int8_linear_fallback_without_kernels(

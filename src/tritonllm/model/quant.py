@@ -122,8 +122,16 @@ def quantize_int8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q.view(n, padded), scale.contiguous()
 
 
+FP16_MAX = 65504.0
+
+
 def fp16_at_least(values: torch.Tensor) -> torch.Tensor:
-    """The smallest fp16 value >= each of `values` (non-negative, below fp16's max), in fp32."""
+    """The smallest fp16 value >= each of `values` (non-negative, at most fp16's max), in fp32."""
+    if values.numel() and values.max() > FP16_MAX:
+        raise ValueError(
+            f"a block of weights reaches {127 * values.max().item():.3g}: int8 blocks with fp16 scales hold "
+            f"at most {127 * FP16_MAX:.3g} (quantize this checkpoint with another method)"
+        )
     half = values.half()
     below = half.float() < values
     return torch.where(below, torch.nextafter(half, torch.full_like(half, torch.inf)), half).float()
