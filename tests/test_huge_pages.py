@@ -4,12 +4,15 @@ the model's output does not change."""
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
+from tritonllm.model import huge_pages
 from tritonllm.model.cpu_kernels import load_kernels
 from tritonllm.model.huge_pages import HUGE_PAGE, huge_page_bytes, huge_page_zeros
 from tritonllm.model.loader import load_model
@@ -35,7 +38,7 @@ def test_buffers_are_zeroed_aligned_and_advised() -> None:
     assert not buffer.any()
     buffer[-1] = 7
     assert buffer[-1] == 7
-    if Path("/proc/self/smaps").exists():
+    if Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():  # Linux with THP built in
         assert "hg" in vm_flags(buffer.data_ptr())  # MADV_HUGEPAGE took
     cache = huge_page_zeros((2, 3, 40, 16, 8), torch.bfloat16)
     assert cache.shape == (2, 3, 40, 16, 8) and cache.dtype == torch.bfloat16 and cache.is_contiguous()
@@ -57,6 +60,25 @@ def test_streamed_weights_sit_back_to_back_in_step_order(tiny_llama_dir: Path, q
     last = order[-1].weight
     span = addresses[-1] + last.numel() * last.element_size() - addresses[0]
     assert span < sum(m.weight.numel() * m.weight.element_size() + 64 for m in order)  # nothing between
+
+
+def test_a_kernel_without_huge_pages_gets_plain_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """madvise fails (EINVAL) where the kernel has no THP: the buffer is still there, on 4 KB pages."""
+
+    class RefusingMap(mmap.mmap):
+        def madvise(self, *args) -> None:
+            raise OSError(22, "Invalid argument")
+
+    fake = SimpleNamespace(
+        mmap=RefusingMap,
+        MAP_PRIVATE=mmap.MAP_PRIVATE,
+        MAP_ANONYMOUS=mmap.MAP_ANONYMOUS,
+        MADV_HUGEPAGE=getattr(mmap, "MADV_HUGEPAGE", 14),
+    )
+    monkeypatch.setattr(huge_pages, "mmap", fake)
+    buffer = huge_page_bytes(2 * HUGE_PAGE)
+    buffer[0] = 1
+    assert buffer.numel() == 2 * HUGE_PAGE and buffer.sum() == 1
 
 
 def test_a_tied_bf16_head_keeps_sharing_the_embedding(tiny_llama_tied_dir: Path) -> None:

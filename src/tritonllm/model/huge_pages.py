@@ -9,6 +9,7 @@ faster here (benchmarks/README.md). Elsewhere the buffer is plain memory: same l
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 
 import torch
@@ -25,7 +26,8 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
     start = -whole.data_ptr() % HUGE_PAGE
     advise = getattr(mmap, "MADV_HUGEPAGE", None)
     if advise is not None and nbytes >= HUGE_PAGE:
-        region.madvise(advise, start, nbytes - nbytes % HUGE_PAGE)
+        with contextlib.suppress(OSError):  # a kernel built without THP: plain pages
+            region.madvise(advise, start, nbytes - nbytes % HUGE_PAGE)
     return whole[start : start + nbytes]
 
 
