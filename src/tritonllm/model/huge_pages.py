@@ -3,7 +3,7 @@
 Batch-1 decode reads every weight once per token, a few hundred separate tensors of 0.3-2 MB each. On 4 KB
 pages that is a TLB miss every 4 KB and a fresh hardware-prefetch stream at every tensor. Gathered into one
 buffer in the order a step reads them, on 2 MB pages (Linux `madvise(MADV_HUGEPAGE)`; THP in `madvise`
-mode is the common default and PyTorch's allocator does not ask for it), the layers' linears ran 3-7%
+mode is the common default and PyTorch's allocator does not ask for it), the layers' linears ran 5-7%
 faster here (benchmarks/README.md). Elsewhere the buffer is plain memory: same layout, no huge pages.
 """
 
