@@ -48,11 +48,7 @@ def test_buffers_are_zeroed_aligned_and_advised() -> None:
 @pytest.mark.parametrize("quantization", ["int8", "none"])
 def test_streamed_weights_sit_back_to_back_in_step_order(tiny_llama_dir: Path, quantization: str) -> None:
     model = load_model(tiny_llama_dir, "bfloat16", "cpu", quantization)
-    order = [
-        m
-        for layer in model.layers
-        for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-    ] + [model.lm_head]
+    order = [m for layer in model.layers for m in layer.linears] + [model.lm_head]
     assert all(runs_on_kernels(m) for m in order)
     addresses = [m.weight.data_ptr() for m in order]
     assert addresses == sorted(addresses) and all(a % 64 == 0 for a in addresses)

@@ -19,10 +19,9 @@ from tritonllm.engine.step_inputs import StepInputs
 
 def token_logprobs(runner: ModelRunner, token_ids: list[int]) -> torch.Tensor:
     """log p(token i | tokens before it) for i >= 1, from one causal prefill over the whole sequence."""
-    n, device, a = len(token_ids), runner.device, runner.args
+    n, device = len(token_ids), runner.device
     blocks = -(-n // runner.tokens_per_block)
-    shape = (a.num_layers, 2, a.num_kv_heads, blocks, runner.tokens_per_block, a.head_dim)
-    scratch = torch.zeros(shape, dtype=runner.kv_cache_dtype, device=device)
+    scratch = runner.new_kv_cache(blocks)
     # The whole sequence as one prompt chunk over the scratch blocks 0..blocks-1, as a serving step sees it.
     prompt = ScheduledChunk(Sequence("evaluate", token_ids, SamplingParams()), n)
     ids, positions, meta, _ = StepInputs(runner.tokens_per_block, device).build(

@@ -55,24 +55,22 @@ class ModelRunner:
         )
         self.bytes_per_block = bytes_per_block
         self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_bytes // bytes_per_block)
-        shape = (
-            a.num_layers,
-            2,
-            a.num_kv_heads,  # head-major, so a gather of blocks is contiguous per head
-            self.num_blocks,
-            config.tokens_per_block,
-            a.head_dim,
-        )
-        # Decode attention reads blocks from all over the cache: on the CPU, 2 MB pages miss the TLB less.
-        if self.device.type == "cpu":
-            self.kv_cache = huge_page_zeros(shape, self.kv_cache_dtype)
-        else:
-            self.kv_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        self.kv_cache = self.new_kv_cache(self.num_blocks)
         # Each layer's (keys, values) views, made once: 90 tensor views a step were ~0.1 ms of a 10 ms
         # batch-1 step. Block copies write `kv_cache` in place, so the views stay valid.
         self.kv_layers = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.sampler = Sampler()
         self.inputs = StepInputs(config.tokens_per_block, self.device)
+
+    def new_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        """A zeroed cache [layers, 2, kv_heads, num_blocks, tokens_per_block, head_dim] (head-major, so a
+        gather of blocks is contiguous per head); evaluation takes a scratch one."""
+        a = self.args
+        shape = (a.num_layers, 2, a.num_kv_heads, num_blocks, self.tokens_per_block, a.head_dim)
+        # Decode attention reads blocks from all over the cache: on the CPU, 2 MB pages miss the TLB less.
+        if self.device.type == "cpu":
+            return huge_page_zeros(shape, self.kv_cache_dtype)
+        return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
 
     def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
         """Run one step; returns (chunk, token, logprob) for each chunk that completes its sequence."""

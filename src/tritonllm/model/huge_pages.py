@@ -10,6 +10,7 @@ faster here (benchmarks/README.md). Elsewhere the buffer is plain memory: same l
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 
 import torch
@@ -32,10 +33,7 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
 
 
 def huge_page_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    numel = 1
-    for size in shape:
-        numel *= size
-    return huge_page_bytes(numel * dtype.itemsize).view(dtype).view(shape)
+    return huge_page_bytes(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
 
 
 def move_weights_to_huge_pages(modules: list[nn.Module]) -> None:
@@ -47,8 +45,8 @@ def move_weights_to_huge_pages(modules: list[nn.Module]) -> None:
     for m in modules:
         total = -(-total // 64) * 64  # each weight starts a cache line
         offsets.append(total)
-        total += m.weight.numel() * m.weight.element_size()
+        total += m.weight.nbytes
     buffer = huge_page_bytes(total)
     for m, offset in zip(modules, offsets, strict=True):
         w = m.weight
-        m.weight = buffer[offset : offset + w.numel() * w.element_size()].view(w.dtype).view(w.shape).copy_(w)
+        m.weight = buffer[offset : offset + w.nbytes].view(w.dtype).view(w.shape).copy_(w)

@@ -120,6 +120,11 @@ class DecoderLayer(nn.Module):
         self.scale = args.head_dim**-0.5
         self.varlen_prefill = True  # prefill chunks through the CPU kernel's one call, else a loop over SDPA
 
+    @property
+    def linears(self) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module]:
+        """qkv, o, gate_up, down: the order a step reads them."""
+        return self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj
+
     def forward(self, x, delta, cos, sin, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """Adds the previous layer's output `delta` to the residual stream `x` (in place, as the norm reads
         it) and returns this layer's output, which the next layer (or the final norm) adds in turn."""
@@ -238,9 +243,7 @@ class LlamaModel(nn.Module):
         run on the CPU kernels (the Python loop then runs every step)."""
         packed = []
         for layer in self.layers:
-            linears = [
-                kernel_tensors(m) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-            ]
+            linears = [kernel_tensors(m) for m in layer.linears]
             if any(t is None for t in linears):
                 return None
             packed.append([layer.input_norm, layer.post_attention_norm, *[t for lin in linears for t in lin]])

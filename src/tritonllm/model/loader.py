@@ -121,9 +121,7 @@ def load_model(
     leftover = [n for n in tensors if not n.endswith("rotary_emb.inv_freq")]
     if leftover:
         raise UnsupportedModelError(f"checkpoint has tensors the engine does not use: {leftover[:5]}")
-    streamed = [  # in the order a decode step reads them
-        m for layer in layers for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-    ] + [lm_head]
+    streamed = [m for layer in layers for m in layer.linears] + [lm_head]  # in the order a step reads them
     # A bf16 head tied to the embedding stays where the embedding is (one copy).
     kernel_read = [m for m in streamed if runs_on_kernels(m) and m.weight.data_ptr() != embed.data_ptr()]
     move_weights_to_huge_pages(kernel_read)
