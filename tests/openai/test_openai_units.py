@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tritonllm.openai.limits import ConcurrencyGate, KeyLimiter, TokenBucket
 from tritonllm.openai.output import Delta, OutputAssembler, StopFilter
 from tritonllm.openai.protocol import PromptEncoder, RequestTranslator
 from tritonllm.openai.responses import ResponseBuilder
+from tritonllm.openai.server import new_event_loop
 from tritonllm.openai.tools import NO_PARAMETERS, tool_plan
 
 # Keys and auth.
@@ -860,3 +862,18 @@ def test_a_write_to_a_client_that_stopped_reading_is_bounded_and_aborts_the_conn
     with pytest.raises(ConnectionResetError, match="read nothing for 0.05s"):
         asyncio.run(flush())
     assert request.transport.aborted
+
+
+def test_front_door_loop_is_uvloop_where_installed_else_asyncio(monkeypatch):
+    loop = new_event_loop()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # `import uvloop` now fails, as where it has no wheel
+    loop = new_event_loop()
+    try:
+        assert not type(loop).__module__.startswith("uvloop")
+        assert loop.run_until_complete(asyncio.sleep(0, result="ran")) == "ran"
+    finally:
+        loop.close()

@@ -70,11 +70,21 @@ async def _serve(config: FrontDoorConfig) -> None:
         await runner.cleanup()
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it installs (Linux, macOS): 9% less CPU per streamed request than asyncio's loop and
+    ~0.5 ms off the time to first token (benchmarks/README.md); asyncio's own loop elsewhere."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def run(config: FrontDoorConfig) -> int:
     """Serve until SIGINT/SIGTERM."""
     import signal
 
-    loop = asyncio.new_event_loop()
+    loop = new_event_loop()
     task = loop.create_task(_serve(config))
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
