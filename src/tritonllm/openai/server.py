@@ -71,8 +71,8 @@ async def _serve(config: FrontDoorConfig) -> None:
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where it installs (Linux, macOS): 9% less CPU per streamed request than asyncio's loop and
-    ~0.5 ms off the time to first token (benchmarks/README.md); asyncio's own loop elsewhere."""
+    """uvloop where it installs (Linux, macOS): its event loop thread spends ~9% less CPU per streamed
+    request than asyncio's (benchmarks/README.md); asyncio's own loop elsewhere."""
     try:
         import uvloop
     except ImportError:
