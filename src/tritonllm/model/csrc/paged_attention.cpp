@@ -16,6 +16,7 @@
 namespace {
 
 constexpr int64_t kMinSplit = 64;  // a span shorter than this costs more to merge than it saves
+constexpr int64_t kMergeGrain = 16;  // (sequence, kv head) pairs merged per thread at least
 
 struct Task {
   int64_t seq, head, begin, end;  // keys [begin, end) of `seq` for kv head `head`
@@ -171,11 +172,13 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     }
   });
 
-  // Merge the spans of each (sequence, kv head): tasks of one pair are consecutive.
+  // Merge the spans of each (sequence, kv head): tasks of one pair are consecutive. A pair's merge is a few
+  // hundred multiply-adds per span, so a small batch merges on this thread: a parallel region (a barrier that
+  // waits for every thread) costs more, and a decode step runs one per layer.
   std::vector<int64_t> first(seqs * geo.kv_heads + 1, n);
   for (int64_t i = n - 1; i >= 0; --i) first[tasks[i].seq * geo.kv_heads + tasks[i].head] = i;
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, seqs * geo.kv_heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, seqs * geo.kv_heads, kMergeGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(d);
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t lo = first[pair], hi = first[pair + 1];
