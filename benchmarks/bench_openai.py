@@ -10,11 +10,13 @@ fresh prompts of `--prompt-tokens` tokens per request (no prefix-cache hits). Th
 rotated every round, so machine load hits both alike. Reported per path: medians over rounds of the p50
 and p95 time to first token, the p50 of per-request mean inter-token latency, and output tokens/s; the
 front door's TTFT p50 as a ratio of the direct path's. With `--aiperf PATH` it also runs NVIDIA's aiperf
-against the front door (chat, streaming, same sizes and concurrency) and the direct path right after it.
-Writes `results/openai.json` and `.md`.
+against the front door (chat, streaming, same sizes and concurrency) and the direct path right after it;
+with `--loadtest PATH`, `tritonllm-loadtest` (Locust, gRPC streams straight to `tensorrt_llm_bls`) with
+the same sizes and concurrency on the same server. Writes `results/openai.json` and `.md`.
 
     .venv/bin/python benchmarks/bench_openai.py                                   # SmolLM2, 7 rounds
-    .venv/bin/python benchmarks/bench_openai.py --aiperf .cache/aiperf-venv/bin/aiperf
+    .venv/bin/python benchmarks/bench_openai.py --aiperf .cache/aiperf-venv/bin/aiperf \
+        --loadtest .venv/bin/tritonllm-loadtest
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import platform
 import random
+import resource
 import socket
 import statistics
 import subprocess
@@ -189,11 +192,17 @@ def run_aiperf(
         "--tokenizer", model_dir, "--synthetic-input-tokens-mean", str(args.prompt_tokens),
         "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(args.max_tokens),
         "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true", "--concurrency",
-        str(args.concurrency), "--request-count", str(args.aiperf_requests), "--warmup-request-count",
+        str(args.concurrency), "--request-rate", "100", "--warmup-request-rate", "100", "--arrival-pattern",
+        "constant", "--request-count", str(args.aiperf_requests), "--warmup-request-count",
         str(args.concurrency), "--random-seed", "1", "--artifact-dir", str(out), "--ui-type", "none",
     ]  # fmt: skip
-    # A local --tokenizer path loads without the hub (aiperf's offline mode looks in the hub cache).
+    # The request rate only paces the polling for a free slot: with --concurrency alone aiperf 0.13 polls
+    # with zero sleep and its timing process takes a whole core, starving the server on a small machine.
+    # At 100/s the --concurrency cap still binds (a request lasts seconds) and a freed slot refills in
+    # <= 10 ms. A local --tokenizer path loads without the hub (aiperf's offline mode looks in the hub cache).
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(cmd, check=True, timeout=1800)
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
     export = next(out.rglob("profile_export_aiperf.json"))
     data = json.loads(export.read_text())
 
@@ -205,7 +214,29 @@ def run_aiperf(
         "ttft_p95_ms": stat("time_to_first_token", "p95"),
         "itl_p50_ms": stat("inter_token_latency", "p50"),
         "tokens_per_s": stat("output_token_throughput", "avg"),
+        "aiperf_cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+        "aiperf_wall_s": wall,
     }
+
+
+def run_loadtest(
+    loadtest: str, args: argparse.Namespace, http_url: str, grpc_url: str, model_dir: str, out: Path
+) -> dict:
+    """`tritonllm-loadtest` (Locust) straight to `tensorrt_llm_bls` over gRPC streams on the same server:
+    `--concurrency` closed-loop users for `--loadtest-seconds`, prompts of `--prompt-tokens` model tokens,
+    exactly `--max-tokens` output tokens. Its ITL percentiles are over every token gap."""
+    cmd = [
+        loadtest, "run", "--host", http_url, "--out", str(out), "--metrics-port", "0", "--run-timeout",
+        str(args.loadtest_seconds + 300), "--llm-transport", "grpc-stream", "--llm-grpc-host", grpc_url,
+        "--llm-model", "tensorrt_llm_bls", "--llm-tokenizer", model_dir, "--llm-shape", "constant",
+        "--llm-users", str(args.concurrency), "--llm-spawn-rate", str(args.concurrency), "--llm-duration",
+        str(args.loadtest_seconds), "--llm-input-tokens", f"fixed:{args.prompt_tokens}", "--llm-max-tokens",
+        f"fixed:{args.max_tokens}",
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=args.loadtest_seconds + 600)
+    metrics = json.loads((out / "summary.json").read_text())["metrics"]
+    keys = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms")
+    return {k: float(metrics[k]) for k in keys} | {"tokens_per_s": float(metrics["output_tokens_per_s"])}
 
 
 def cpu_description() -> str:
@@ -225,7 +256,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def benchmark(
-    args: argparse.Namespace, encoder: PromptEncoder, grpc_url: str, front_door: str, front_door_pid: int
+    args: argparse.Namespace,
+    encoder: PromptEncoder,
+    grpc_url: str,
+    http_url: str,
+    front_door: str,
+    front_door_pid: int,
 ) -> dict:
     """The interleaved rounds, then (with --aiperf) aiperf and a direct run right after it.
 
@@ -267,6 +303,16 @@ async def benchmark(
         results["grpc_direct (after aiperf)"] = await runner.round(
             "grpc_direct", prompts, args.max_tokens, args.concurrency
         )
+    if args.loadtest:
+        results["tritonllm-loadtest -> tensorrt_llm_bls"] = await asyncio.to_thread(
+            run_loadtest,
+            args.loadtest,
+            args,
+            http_url,
+            grpc_url,
+            encoder.tokenizer.name_or_path,
+            Path(args.out).parent / "openai_loadtest",
+        )
     await backend.close()
     await runner.close()
     return results
@@ -296,6 +342,12 @@ def write_report(results: dict, out: Path) -> None:
                 f"request {results['paths'][path]['cpu_ms_per_request']:.1f} ms"
                 for path in FRONT_DOOR_PATHS
             ),
+            *(
+                f"{name}: aiperf's own processes used {r['aiperf_cpu_s']:.1f} CPU-s in "
+                f"{r['aiperf_wall_s']:.0f} s"
+                for name, r in results["paths"].items()
+                if "aiperf_cpu_s" in r
+            ),
         ]
     )
     out.with_suffix(".md").write_text(text + "\n")
@@ -316,6 +368,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto", help="the engine's, as `tritonllm launch` takes it")
     parser.add_argument("--aiperf", help="path of the aiperf command (its own virtualenv)")
     parser.add_argument("--aiperf-requests", type=int, default=32)
+    parser.add_argument("--loadtest", help="path of the tritonllm-loadtest command, to run it on the server")
+    parser.add_argument("--loadtest-seconds", type=float, default=60.0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "openai"))
     args = parser.parse_args()
 
@@ -337,7 +391,12 @@ def main() -> int:
         wait_healthy(front_door.url.removesuffix("/v1"), 300)
         paths = asyncio.run(
             benchmark(
-                args, encoder, server.grpc_url, front_door.url.removesuffix("/v1"), front_door.process.pid
+                args,
+                encoder,
+                server.grpc_url,
+                f"http://127.0.0.1:{options.http_port}",
+                front_door.url.removesuffix("/v1"),
+                front_door.process.pid,
             )
         )
         results: dict = {"paths": paths}
