@@ -125,7 +125,8 @@ class Runner:
         start = time.perf_counter()
         arrivals, tokens = [], 0
         async with self.session.post(f"{self.url}/completions", json=body) as response:
-            response.raise_for_status()
+            if response.status != 200:
+                raise RuntimeError(f"http_front_door: {response.status} {await response.text()}")
             async for line in response.content:
                 if not line.startswith(b"data: {"):
                     continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -801,9 +802,11 @@ def test_streamed_chat_events_through_the_app(stop: str | None) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_request_past_its_deadline_gets_the_same_504_body_whole_or_streamed(stream: bool) -> None:
+def test_a_request_past_its_deadline_gets_the_same_504_body_whole_or_streamed(
+    stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """A streamed request that times out after its headers ends with the same error as a whole one:
-    code `timeout`, the limit in the message, then [DONE]."""
+    code `timeout`, the limit in the message, then [DONE]. Both are logged, as every 5xx is."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from tritonllm.openai.app import FrontDoor
@@ -819,7 +822,11 @@ def test_a_request_past_its_deadline_gets_the_same_504_body_whole_or_streamed(st
             response = await client.post("/v1/completions", json=body)
             return response.status, await response.read()
 
-    status, raw = asyncio.run(run())
+    with caplog.at_level(logging.ERROR, logger="tritonllm.openai.app"):
+        status, raw = asyncio.run(run())
+    assert [r.getMessage() for r in caplog.records] == [
+        "answered 504 (timeout): the request did not finish within 0.3s"
+    ]
     expected = {
         "message": "the request did not finish within 0.3s",
         "type": "server_error",

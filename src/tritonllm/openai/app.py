@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -31,6 +32,8 @@ from tritonllm.openai.protocol import GenerationRequest, PromptEncoder, RequestT
 from tritonllm.openai.responses import SSE_DONE, ResponseBuilder, sse, usage
 from tritonllm.openai.tools import ToolCallStream
 from tritonllm.openai.triton import TritonBackend
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 << 20
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -53,6 +56,12 @@ def model_max_len(model_dir: str, tokenizer: Any) -> int | None:
         pass
     limit = getattr(tokenizer, "model_max_length", None)
     return limit if isinstance(limit, int) and 1 < limit < 10**7 else None
+
+
+def _log_if_server_error(exc: APIError) -> None:
+    """A 5xx is the server's fault: the operator sees its cause in the log, not only the caller."""
+    if exc.status >= 500:
+        log.error("answered %d (%s): %s", exc.status, exc.code, exc.message)
 
 
 def _error_response(exc: APIError) -> web.Response:
@@ -205,6 +214,7 @@ class FrontDoor:
         except APIError as exc:
             status = exc.status
             self.metrics.rejected.labels(exc.reason, tier).inc()
+            _log_if_server_error(exc)
             return _error_response(exc)
         finally:
             self.metrics.requests.labels(endpoint, str(status), tier).inc()
@@ -286,6 +296,7 @@ class FrontDoor:
                 await self._stream_pieces(events, builder, out, timer, first, pieces, calls)
             except (APIError, TimeoutError) as exc:  # after the headers: an SSE error event, as OpenAI sends
                 error = exc if isinstance(exc, APIError) else self._timed_out()
+                _log_if_server_error(error)
                 events.add(error.body())
                 events.done()
                 await events.flush()
@@ -294,7 +305,9 @@ class FrontDoor:
             reason = out.finish_reason
             if reason in UNFINISHED:
                 status, message = UNFINISHED[reason]
-                events.add(APIError(status, message, type="server_error", code=reason).body())
+                error = APIError(status, message, type="server_error", code=reason)
+                _log_if_server_error(error)
+                events.add(error.body())
                 response[FINAL_STATUS] = status
             else:
                 if calls is not None:

@@ -82,8 +82,10 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def run(config: FrontDoorConfig) -> int:
     """Serve until SIGINT/SIGTERM."""
+    import logging
     import signal
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     loop = new_event_loop()
     task = loop.create_task(_serve(config))
     for sig in (signal.SIGINT, signal.SIGTERM):
