@@ -60,6 +60,11 @@ _UNAVAILABLE_MARKERS = (
     "socket closed",
     "connection reset",
     "server disconnected",
+    # Triton's Python backend when a model's stub process missed its health check (it answers this to
+    # the request it was handing over; the engine never saw it, so a retry is safe).
+    "is not healthy",
+    "stub process has exited",
+    "failed to obtain the health mutex",
 )
 
 

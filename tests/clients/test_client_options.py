@@ -83,6 +83,7 @@ def test_config_defaults_and_url_forms() -> None:
         ("server busy, retry later: waiting queue is full", ServerBusyError),
         ("Request for unknown model: 'x' is not found", ModelNotFoundError),
         ("failed to connect to all addresses", ServerUnavailableError),
+        ("Stub process 'tensorrt_llm_bls_0_0' is not healthy.", ServerUnavailableError),
         (
             "in ensemble 'ensemble', input 'runtime_top_p' (ensemble/BLS: 'top_p'): must be in [0, 1]",
             InvalidRequestError,

@@ -348,6 +348,7 @@ def test_triton_unreachable_is_503(stack: Stack) -> None:
     health, error = asyncio.run(run())
     assert health == 503
     assert error.status_code == 503 and error.body["code"] == "backend_unavailable"
+    assert int(error.response.headers["Retry-After"]) >= 1
 
 
 # Cancellation.

@@ -884,3 +884,15 @@ def test_front_door_loop_is_uvloop_where_installed_else_asyncio(monkeypatch):
         assert loop.run_until_complete(asyncio.sleep(0, result="ran")) == "ran"
     finally:
         loop.close()
+
+
+def test_an_unhealthy_python_stub_is_503_with_retry_after() -> None:
+    """Triton's Python backend fails the request it was handing to a stub that missed its health check
+    (seen once in ~2,000 front-door requests on a loaded 2-core machine): the engine never saw it, so
+    the caller gets a retryable 503, not a 500."""
+    from tritonllm_client.errors import classify
+
+    from tritonllm.openai.triton import api_error
+
+    error = api_error(classify("Stub process 'tensorrt_llm_bls_0_0' is not healthy.", "m"), 2.0)
+    assert (error.status, error.code, error.headers()) == (503, "backend_unavailable", {"Retry-After": "2"})

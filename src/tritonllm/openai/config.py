@@ -171,7 +171,7 @@ class FrontDoorConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
-    retry_after_s: int = 1  # Retry-After on the engine's busy error
+    retry_after_s: int = 1  # Retry-After on the engine's busy error and on Triton unavailable
     keys: KeyStore = field(default_factory=KeyStore)
     require_keys: bool | None = None  # None: required unless listening on loopback only
 

@@ -12,7 +12,8 @@ Responses in another layout (typed `contents` instead of raw bytes) go through `
 
 The engine priority of the caller's tier goes in the `priority` input (lower is served first) where
 the model declares it. Triton's errors become the caller's status: the engine's busy error 429, Triton
-unreachable 503, bad input 400 (Triton names the tensor; the message says which), a missing model 503.
+unreachable or a model's Python stub failing its health check 503 (both with Retry-After), bad input
+400 (Triton names the tensor; the message says which), a missing model 503.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def api_error(exc: ClientError, retry_after_s: float) -> APIError:
             f"the inference server is unavailable: {message}",
             type="server_error",
             code="backend_unavailable",
+            retry_after_s=retry_after_s,
             reason="backend_unavailable",
         )
     if isinstance(exc, InvalidRequestError):
