@@ -888,7 +888,7 @@ def test_front_door_loop_is_uvloop_where_installed_else_asyncio(monkeypatch):
 
 def test_an_unhealthy_python_stub_is_503_with_retry_after() -> None:
     """Triton's Python backend fails the request it was handing to a stub that missed its health check
-    (seen once in ~2,000 front-door requests on a loaded 2-core machine): the engine never saw it, so
+    (seen twice in ~3,000 front-door requests on a loaded 2-core machine): the engine never saw it, so
     the caller gets a retryable 503, not a 500."""
     from tritonllm_client.errors import classify
 
