@@ -6,7 +6,8 @@ over one gRPC stream each, to `tensorrt_llm` of a `tritonllm launch` server on t
 engine settings. The two alternate run by run (order rotated every round) and only one is busy at a
 time. Reported per batch size: median output tokens/s of each and the Triton/in-process ratio (the
 target: >= 0.95), and the CPU each process spent per generated token (this client, `tritonserver`, the
-`tensorrt_llm` stub with the engine, the other stubs): on a machine whose cores the engine's threads
+`tensorrt_llm` stub with the engine, the other stubs; the engine's process also split by OS thread name
+into the engine's threads and the response sender): on a machine whose cores the engine's threads
 already fill, every millisecond of it slows the engine. Writes `results/triton_cost.json`.
 
 The client (`--client lean`, the default) is raw gRPC that asks for `output_ids` and `sequence_length`
@@ -76,21 +77,49 @@ def stub_pids(server_pid: int) -> dict[str, int]:
     return stubs
 
 
+# OS thread names (`tritonllm.os_threads`): the engine loop and the OpenMP workers it started, and the
+# bridge's response sender; what else a stub runs (its IPC threads) is the rest of its CPU.
+THREAD_GROUPS = {"engine": "tritonllm-engin", "sender": "tritonllm-send"}
+
+
+def thread_group_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's live threads, summed per THREAD_GROUPS name."""
+    spent = dict.fromkeys(THREAD_GROUPS, 0.0)
+    for stat in glob.glob(f"/proc/{pid}/task/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                text = f.read()
+        except OSError:  # the thread ended
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        for group, prefix in THREAD_GROUPS.items():
+            if name.startswith(prefix):
+                spent[group] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return spent
+
+
 class CpuMeter:
-    """CPU seconds spent by this client, tritonserver and each stub between two readings."""
+    """CPU seconds spent by this client, tritonserver and each stub between two readings.
+
+    The engine's own processes (this one in-process, the `tensorrt_llm` stub through Triton) are also
+    split by thread: `*.engine` (loop + OpenMP) and `*.sender` (the stub's response sender).
+    """
 
     def __init__(self, server_pid: int):
         self.pids = {"tritonserver": server_pid} | stub_pids(server_pid)
 
     def read(self) -> dict[str, float]:
-        return {"client": time.process_time()} | {k: process_cpu_s(p) for k, p in self.pids.items()}
+        readings = {"client": time.process_time()} | {k: process_cpu_s(p) for k, p in self.pids.items()}
+        for role, pid in (("client", os.getpid()), ("tensorrt_llm", self.pids["tensorrt_llm"])):
+            readings |= {f"{role}.{g}": s for g, s in thread_group_cpu_s(pid).items()}
+        return readings
 
     def per_token_ms(self, before: dict[str, float], tokens: float) -> dict[str, float]:
         after = self.read()
-        stubs = sum(
-            after[k] - before[k] for k in after if k not in ("client", "tritonserver", "tensorrt_llm")
-        )
-        spent = {k: after[k] - before[k] for k in ("client", "tritonserver", "tensorrt_llm")}
+        roles = ("client", "tritonserver", "tensorrt_llm")
+        stubs = sum(after[k] - before[k] for k in after if "." not in k and k not in roles)
+        spent = {k: after[k] - before[k] for k in after if k in roles or "." in k}
         return {k: round(v / tokens * 1e3, 3) for k, v in (spent | {"other_stubs": stubs}).items()}
 
 
@@ -265,9 +294,10 @@ def main() -> int:
         summary.setdefault("triton_over_in_process", {})[batch] = ratio
         print(f"batch {batch}: in-process {medians['in_process']:.1f} tok/s, Triton {medians['triton']:.1f}, "
               f"ratio {ratio:.3f}")  # fmt: skip
-        for role in ("client", "tritonserver", "tensorrt_llm", "other_stubs"):
-            median = statistics.median(run[role] for run in cpu_ms[batch]["triton"])
-            print(f"  through Triton, CPU ms per token: {role} {median:.2f}")
+        for mode in ("in_process", "triton"):
+            runs = cpu_ms[batch][mode]
+            medians = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+            print(f"  {mode}, CPU ms per token: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "triton_cost.json").write_text(json.dumps(summary, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -60,6 +61,18 @@ def bridge(tiny_llama_dir: Path):
     b.finished = finished  # type: ignore[attr-defined]
     yield b
     b.shutdown(drain_timeout_s=1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="read back from /proc")
+def test_engine_loop_and_sender_carry_their_names_at_the_os_level(bridge: EngineBridge) -> None:
+    """So a profile of the `tensorrt_llm` stub can tell the engine's threads from the response sender's."""
+
+    def os_name(thread: threading.Thread) -> str:
+        return Path(f"/proc/self/task/{thread.native_id}/comm").read_text().strip()
+
+    engine_thread = bridge.engine._thread  # type: ignore[attr-defined]
+    assert wait_for(lambda: os_name(bridge._sender) == "tritonllm-send", WAIT_S)
+    assert os_name(engine_thread) == "tritonllm-engin"  # named before the engine was built
 
 
 def test_streaming_sends_one_response_per_token(bridge: EngineBridge) -> None:

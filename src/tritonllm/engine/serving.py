@@ -25,6 +25,7 @@ from tritonllm.engine.llm_engine import EngineStats, LLMEngine, RequestOutput
 from tritonllm.engine.protocol import check_admission
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.sequence import FinishReason
+from tritonllm.os_threads import name_current_thread
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ class ServingEngine:
     # The loop thread.
 
     def _run(self, engine: LLMEngine | EngineConfig) -> None:
+        name_current_thread()  # before the first OpenMP region: its workers inherit the name
         try:
             if not isinstance(engine, LLMEngine):
                 self.engine = LLMEngine(engine)

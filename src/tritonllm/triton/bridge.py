@@ -35,6 +35,7 @@ from tritonllm.engine.llm_engine import RequestOutput
 from tritonllm.engine.protocol import Engine
 from tritonllm.engine.sequence import FinishReason
 from tritonllm.engine.serving import ServingEngine
+from tritonllm.os_threads import name_current_thread
 from tritonllm.triton.tensors import EngineRequest, RequestError, from_invalid
 from tritonllm.triton.text import CONTEXT_TOKENS
 
@@ -261,6 +262,7 @@ class EngineBridge:
     # The sender thread.
 
     def _send_loop(self) -> None:
+        name_current_thread()
         sweep_s = SWEEP_FACTOR * self._cancel_check_s
         next_sweep = time.monotonic() + sweep_s
         while True:
