@@ -44,6 +44,7 @@ from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
 from tritonllm.engine.serving import ServingEngine  # noqa: E402
 from tritonllm.model.cpu_kernels import cpu_flags  # noqa: E402
+from tritonllm.os_threads import OS_NAME_BYTES  # noqa: E402
 from tritonllm.precision import TORCH_QUANTIZATIONS  # noqa: E402
 from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
 
@@ -52,11 +53,17 @@ LEAN_OUTPUTS = ("output_ids", "sequence_length")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def read_stat(path: str) -> tuple[str, float]:
+    """(name, user + system CPU seconds) from a /proc `stat` file: a process's or one thread's."""
+    with open(path) as f:
+        text = f.read()
+    fields = text.rsplit(")", 1)[1].split()
+    return text[text.index("(") + 1 : text.rindex(")")], (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """CPU seconds of a process, all its threads (ended ones too)."""
+    return read_stat(f"/proc/{pid}/stat")[1]
 
 
 def stub_pids(server_pid: int) -> dict[str, int]:
@@ -77,9 +84,9 @@ def stub_pids(server_pid: int) -> dict[str, int]:
     return stubs
 
 
-# OS thread names (`tritonllm.os_threads`): the engine loop and the OpenMP workers it started, and the
-# bridge's response sender; what else a stub runs (its IPC threads) is the rest of its CPU.
-THREAD_GROUPS = {"engine": "tritonllm-engin", "sender": "tritonllm-send"}
+# OS thread names (`tritonllm.os_threads`, cut to the kernel's length): the engine loop and the OpenMP
+# workers it started, and the bridge's response sender; a stub's other threads (IPC) are the rest of its CPU.
+THREAD_GROUPS = {"engine": "tritonllm-engine"[:OS_NAME_BYTES], "sender": "tritonllm-send"[:OS_NAME_BYTES]}
 
 
 def thread_group_cpu_s(pid: int) -> dict[str, float]:
@@ -87,15 +94,12 @@ def thread_group_cpu_s(pid: int) -> dict[str, float]:
     spent = dict.fromkeys(THREAD_GROUPS, 0.0)
     for stat in glob.glob(f"/proc/{pid}/task/[0-9]*/stat"):
         try:
-            with open(stat) as f:
-                text = f.read()
+            name, cpu_s = read_stat(stat)
         except OSError:  # the thread ended
             continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        for group, prefix in THREAD_GROUPS.items():
-            if name.startswith(prefix):
-                spent[group] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        for group, os_name in THREAD_GROUPS.items():
+            if name == os_name:
+                spent[group] += cpu_s
     return spent
 
 
