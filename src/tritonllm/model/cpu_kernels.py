@@ -1,7 +1,7 @@
 """C++ kernels for the CPU (paged attention, int8/bf16 linears, fused layer ops), built on first use, cached.
 
-One build per instruction set, chosen at run time from the CPU's capability (never `-march=native`: a cache
-or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512` forces a variant (the tests
+One build per instruction set, chosen at run time from the CPU's capability and flags (never `-march=native`: a cache
+or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|avx512_vnni` forces a variant (the tests
 use it for the portable path); `TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch
 (attention) or to dequantized weights (linears).
 """
@@ -37,8 +37,11 @@ ISA_FLAGS = {
     "generic": [],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
+    "avx512_vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"],
 }
 CAPABILITY_ISAS = {"AVX512": ["avx512", "avx2", "generic"], "AVX2": ["avx2", "generic"]}
+# Variants that need a flag beyond torch's capability level (which stops at AVX-512F/BW/VL/DQ).
+FLAG_ISAS = {"avx512_vnni": ("AVX512", "avx512_vnni")}
 
 
 def cpu_flags() -> list[str]:
@@ -56,7 +59,10 @@ def supported_isas() -> list[str]:
     """Variants this CPU can run, best first."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return ["generic"]
-    return CAPABILITY_ISAS.get(torch.backends.cpu.get_cpu_capability(), ["generic"])
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = set(cpu_flags())
+    extra = [isa for isa, (level, flag) in FLAG_ISAS.items() if capability == level and flag in flags]
+    return extra + CAPABILITY_ISAS.get(capability, ["generic"])
 
 
 def selected_isa() -> str:

@@ -11,6 +11,11 @@
 // batch-1 decode reads every weight once per token, so this is what sets its speed. With more tokens a tile
 // stays in cache while the tokens go by two at a time: on AVX2 this beat expanding the weights to fp32 for
 // FMAs or for the BLAS GEMM at every batch size measured (1-512 tokens; benchmarks/README.md).
+// With AVX-512 VNNI one 64-byte load is a whole chunk (8 rows x 8 inputs) and one vpdpbusd multiplies it by
+// the token's 8 activations repeated 8 times and adds the products in fours: 4 instructions per token and
+// block where the AVX2 path takes ~30. vpdpbusd multiplies unsigned by signed bytes, so activations go in
+// offset by 128 (x + 128 as u8) and 128 x the block's weight sums, computed once per block for all tokens,
+// is taken back off.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -53,10 +58,10 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-// One whole block of 32 activations to int8 (rounded to nearest even, as the scalar path) and its absolute
-// values; returns the block's largest magnitude.
+// One whole block of 32 activations to int8 (rounded to nearest even, as the scalar path) and the unsigned
+// operand the dot product multiplies (operand_of); returns the block's largest magnitude.
 template <typename T>
-inline float quantize_block(const T* x, int8_t* q, int8_t* abs_q) {
+inline float quantize_block(const T* x, int8_t* q, int8_t* operand) {
   __m256 v[4], amax = _mm256_setzero_ps();
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int j = 0; j < 4; ++j) {
@@ -72,27 +77,41 @@ inline float quantize_block(const T* x, int8_t* q, int8_t* abs_q) {
       _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3])),
       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(abs_q), _mm256_abs_epi8(bytes));
+#ifdef TRITONLLM_AVX512_VNNI
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(operand), _mm256_xor_si256(bytes, _mm256_set1_epi8(-128)));
+#else
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(operand), _mm256_abs_epi8(bytes));
+#endif
   return largest;
 }
 #endif
 
-// Quantize `m` rows of `k` activations to int8 (and their absolute values, which the kernel multiplies), per
+// The unsigned byte the dot product multiplies for activation q: |q| for AVX2's maddubs (the weight takes q's
+// sign), q + 128 for VNNI's vpdpbusd (the weights' sums take the offset back off).
+inline int8_t operand_of(int8_t q) {
+#ifdef TRITONLLM_AVX512_VNNI
+  return static_cast<int8_t>(static_cast<uint8_t>(q) ^ 0x80);
+#else
+  return static_cast<int8_t>(std::abs(q));
+#endif
+}
+
+// Quantize `m` rows of `k` activations to int8 (and the operands the kernel multiplies, operand_of), per
 // block of 32 (zero-padded to `kp`), with one scale per block.
 template <typename T>
-void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* abs_xq, float* xs) {
+void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* operands, float* xs) {
   const int64_t nb = kp / kBlock;
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t b = 0; b < nb; ++b) {
         const T* in = x + r * k + b * kBlock;
         int8_t* q = xq + r * kp + b * kBlock;
-        int8_t* abs_q = abs_xq + r * kp + b * kBlock;
+        int8_t* operand = operands + r * kp + b * kBlock;
         const int64_t len = std::min(kBlock, k - b * kBlock);
 #ifdef TRITONLLM_AVX2
         if constexpr (simd::kVectorLoad<T>) {
           if (len == kBlock) {
-            xs[r * nb + b] = quantize_block(in, q, abs_q) / 127.f;
+            xs[r * nb + b] = quantize_block(in, q, operand) / 127.f;
             continue;
           }
         }
@@ -103,7 +122,7 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int
         xs[r * nb + b] = amax / 127.f;
         for (int64_t i = 0; i < kBlock; ++i) {
           q[i] = i < len ? static_cast<int8_t>(std::nearbyint(to_float(in[i]) * inv)) : 0;
-          abs_q[i] = static_cast<int8_t>(std::abs(q[i]));
+          operand[i] = operand_of(q[i]);
         }
       }
   });
@@ -147,6 +166,69 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
 }
 #endif
 
+#ifdef TRITONLLM_AVX512_VNNI
+constexpr int kVnniTokens = 8;  // tokens per pass over a tile: 8 accumulators + 4 weight chunks + 3 in 32 registers
+
+// acc[m] lane l = half of row l / 2's dot product with token m (lanes 2r and 2r + 1 add up to row r), over a
+// tile's nb blocks. xu holds the tokens' activations + 128 as bytes, [tokens, nb * 32].
+template <int RM>
+void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xu, const float* xs, __m512* acc) {
+  // Lane l's scale: row l / 2's, which sits in slot kSlot[l / 2] of the block's 8 scales.
+  const __m512i scale_lanes = _mm512_setr_epi32(kSlot[0], kSlot[0], kSlot[1], kSlot[1], kSlot[2], kSlot[2], kSlot[3], kSlot[3],
+                                                kSlot[4], kSlot[4], kSlot[5], kSlot[5], kSlot[6], kSlot[6], kSlot[7], kSlot[7]);
+  const __m512i offset = _mm512_set1_epi8(-128);  // 0x80: 128 as the unsigned operand
+  for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = tile + b * kTileBlock;
+    const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBlocks * kTileBlock);
+    for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    __m512i w[4], offset_sums = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      w[c] = _mm512_loadu_si512(block + kScaleBytes + 64 * c);
+      offset_sums = _mm512_dpbusd_epi32(offset_sums, offset, w[c]);
+    }
+    const __m512i minus_offset = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums);
+    const __m256 slots = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const __m512 scales = _mm512_permutexvar_ps(scale_lanes, _mm512_castps256_ps512(slots));
+    for (int m = 0; m < RM; ++m) {
+      const int8_t* x = xu + (m * nb + b) * kBlock;
+      __m512i dot = minus_offset;
+      for (int c = 0; c < 4; ++c) {
+        int64_t chunk;
+        std::memcpy(&chunk, x + 8 * c, 8);
+        dot = _mm512_dpbusd_epi32(dot, _mm512_set1_epi64(chunk), w[c]);
+      }
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scales, _mm512_set1_ps(xs[m * nb + b])), acc[m]);
+    }
+  }
+}
+
+// Rows [tile's 8] x tokens [m0, m0 + tokens) into rows ([token][row]), kVnniTokens at a time.
+void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xu, const float* xs, int64_t m, float* rows) {
+  for (int64_t m0 = 0; m0 < m; m0 += kVnniTokens) {
+    const int64_t tokens = std::min<int64_t>(kVnniTokens, m - m0);
+    __m512 acc[kVnniTokens];
+    const int8_t* x = xu + m0 * kp;
+    const float* s = xs + m0 * nb;
+    switch (tokens) {
+      case 8: vnni_tile<8>(tile, nb, x, s, acc); break;
+      case 7: vnni_tile<7>(tile, nb, x, s, acc); break;
+      case 6: vnni_tile<6>(tile, nb, x, s, acc); break;
+      case 5: vnni_tile<5>(tile, nb, x, s, acc); break;
+      case 4: vnni_tile<4>(tile, nb, x, s, acc); break;
+      case 3: vnni_tile<3>(tile, nb, x, s, acc); break;
+      case 2: vnni_tile<2>(tile, nb, x, s, acc); break;
+      default: vnni_tile<1>(tile, nb, x, s, acc); break;
+    }
+    for (int64_t i = 0; i < tokens; ++i) {
+      float lanes[16];
+      _mm512_storeu_ps(lanes, acc[i]);
+      for (int64_t r = 0; r < kTileRows; ++r) rows[(m0 + i) * kTileRows + r] = lanes[2 * r] + lanes[2 * r + 1];
+    }
+  }
+}
+#endif
+
 // out[m][r] for a tile's 8 rows and `tokens` tokens (the portable path).
 void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const float* xs, int64_t tokens, float* out) {
   for (int64_t m = 0; m < tokens; ++m)
@@ -167,9 +249,9 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
   at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
-  at::Tensor abs_xq = at::empty({m, kp}, x.options().dtype(at::kChar));
+  at::Tensor operands = at::empty({m, kp}, x.options().dtype(at::kChar));
   at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), abs_xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), operands.data_ptr<int8_t>(), xs.data_ptr<float>());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
@@ -178,17 +260,19 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
   const float* xsp = xs.data_ptr<float>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int8_t* xqp = xq.data_ptr<int8_t>();
-  const int8_t* abs_xqp = abs_xq.data_ptr<int8_t>();
+  const int8_t* operandp = operands.data_ptr<int8_t>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> rows(m * kTileRows);  // [token][row]
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * nb * kTileBlock;
-#ifdef TRITONLLM_AVX2
+#if defined(TRITONLLM_AVX512_VNNI)
+      vnni_tiles(tile, nb, kp, operandp, xsp, m, rows.data());
+#elif defined(TRITONLLM_AVX2)
       for (int64_t m0 = 0; m0 < m; m0 += 2) {
         __m256 acc[2];
         const int64_t tokens = std::min<int64_t>(2, m - m0);
-        if (tokens == 2) packed_tile<2>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
-        else packed_tile<1>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
+        if (tokens == 2) packed_tile<2>(tile, nb, xqp + m0 * kp, operandp + m0 * kp, xsp + m0 * nb, acc);
+        else packed_tile<1>(tile, nb, xqp + m0 * kp, operandp + m0 * kp, xsp + m0 * nb, acc);
         for (int64_t i = 0; i < tokens; ++i) {
           float slots[kTileRows];
           _mm256_storeu_ps(slots, acc[i]);

@@ -1,5 +1,6 @@
 // AVX2 helpers the kernels share. TRITONLLM_AVX2 is defined when the translation unit is compiled with
 // AVX2+FMA (cpu_kernels.py builds one variant per instruction set); without it the kernels run portable loops.
+// TRITONLLM_AVX512_VNNI adds the AVX-512 VNNI paths on top of the AVX2 ones.
 #pragma once
 #include <torch/extension.h>
 
@@ -10,6 +11,10 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define TRITONLLM_AVX2 1
+#endif
+// AVX-512 with VNNI (the avx512_vnni build): the int8 kernel's 512-bit u8 x s8 dot products.
+#if defined(TRITONLLM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define TRITONLLM_AVX512_VNNI 1
 #endif
 
 namespace simd {
