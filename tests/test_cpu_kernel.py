@@ -10,6 +10,7 @@ import torch
 from engine_helpers import greedy, hf_greedy, make_engine, random_prompts, run_staggered
 
 import tritonllm.model.llama as llama
+from tritonllm.model import cpu_kernels
 from tritonllm.model.cpu_kernels import load_kernels, supported_isas
 from tritonllm.model.llama import gather_blocks
 
@@ -28,6 +29,24 @@ def torch_decode_attention(q, k_cache, v_cache, tables, lengths, scale):
 
 def test_kernel_builds_on_this_machine() -> None:
     assert load_kernels() is not None, "no compiler? the engine would fall back to the slow path"
+
+
+@pytest.mark.parametrize(
+    ("capability", "flags", "expected"),
+    [
+        ("AVX512", ["avx2", "avx512f", "avx512_vnni"], ["avx512_vnni", "avx512", "avx2", "generic"]),
+        ("AVX512", ["avx2", "avx512f"], ["avx512", "avx2", "generic"]),  # Skylake-X: AVX-512 without VNNI
+        ("AVX2", ["avx2", "avx512f", "avx512_vnni"], ["avx2", "generic"]),  # torch held to AVX2 (ATen's env)
+        ("AVX2", ["avx2", "avx_vnni"], ["avx2", "generic"]),
+    ],
+)
+def test_builds_are_chosen_from_the_capability_and_the_flags(
+    monkeypatch: pytest.MonkeyPatch, capability: str, flags: list[str], expected: list[str]
+) -> None:
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: flags)
+    assert supported_isas() == expected
 
 
 # (queries, cache) dtypes: one dtype, or a bf16 cache under fp32 activations (the int8 engine's).

@@ -1,9 +1,9 @@
 """C++ kernels for the CPU (paged attention, int8/bf16 linears, fused layer ops), built on first use, cached.
 
-One build per instruction set, chosen at run time from the CPU's capability and flags (never `-march=native`: a cache
-or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|avx512_vnni` forces a variant (the tests
-use it for the portable path); `TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch
-(attention) or to dequantized weights (linears).
+One build per instruction set, chosen at run time from the CPU's capability and flags (never
+`-march=native`: a cache or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|
+avx512_vnni` forces a variant (the tests use it for the portable path); `TRITONLLM_DISABLE_KERNELS=1` or a
+missing compiler falls back to PyTorch (attention) or to dequantized weights (linears).
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ SOURCES = [
     *sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h") and p.name != "bindings.cpp"),
 ]
 # Compiler flags per variant; a variant runs only on CPUs whose capability includes it.
+AVX2_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
+AVX512_FLAGS = [*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
 ISA_FLAGS = {
     "generic": [],
-    "avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
-    "avx512_vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"],
+    "avx2": AVX2_FLAGS,
+    "avx512": AVX512_FLAGS,
+    "avx512_vnni": [*AVX512_FLAGS, "-mavx512vnni"],
 }
 CAPABILITY_ISAS = {"AVX512": ["avx512", "avx2", "generic"], "AVX2": ["avx2", "generic"]}
 # Variants that need a flag beyond torch's capability level (which stops at AVX-512F/BW/VL/DQ).
