@@ -34,6 +34,54 @@ inline void prefetch_block(const T* first, int64_t elements) {
   for (int64_t off = 0; off < elements * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, 2);
 }
 
+#ifdef TRITONLLM_AVX512
+// scores[g][j] = q_g . k_j for 8 keys from `k` and query heads [g0, g0 + G): each 16 dims of a key are
+// loaded and widened once for the G heads (8 x G accumulators; G <= 3 keeps them in 32 registers).
+template <int G, typename T>
+inline void scores_of_8_keys(const float* q, const T* k, int64_t d, int64_t g0, int64_t len, float* scores) {
+  __m512 acc[G][8];
+  for (auto& head : acc)
+    for (auto& a : head) a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) {
+    __m512 qv[G];
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_ps(q + (g0 + g) * d + i);
+    for (int u = 0; u < 8; ++u) {
+      const __m512 kv = simd::load16(k + u * d + i);
+      for (int g = 0; g < G; ++g) acc[g][u] = _mm512_fmadd_ps(qv[g], kv, acc[g][u]);
+    }
+  }
+  for (int g = 0; g < G; ++g) _mm256_storeu_ps(scores + (g0 + g) * len, simd::hsum8(acc[g]));
+}
+
+// acc[g][0, 64) += sum_j p_g[j] v_j[i, i + 64) over `run` values, for query heads [g0, g0 + G): each 16 dims
+// of a value are loaded and widened once for the G heads.
+template <int G, typename T>
+inline void values_of_run(const float* p, int64_t len, const T* v, int64_t run, int64_t d, int64_t i, int64_t g0, float* acc) {
+  __m512 a[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < 4; ++c) a[g][c] = _mm512_loadu_ps(acc + (g0 + g) * d + i + 16 * c);
+  for (int64_t j = 0; j < run; ++j) {
+    __m512 vv[4];
+    for (int c = 0; c < 4; ++c) vv[c] = simd::load16(v + j * d + i + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(p[(g0 + g) * len + j]);
+      for (int c = 0; c < 4; ++c) a[g][c] = _mm512_fmadd_ps(w, vv[c], a[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (g0 + g) * d + i + 16 * c, a[g][c]);
+}
+
+// Calls fn(std::integral_constant<int, G>, g0) over the group's heads, three at a time.
+template <typename Fn>
+inline void in_threes(int64_t group, Fn&& fn) {
+  int64_t g0 = 0;
+  for (; g0 + 3 <= group; g0 += 3) fn(std::integral_constant<int, 3>{}, g0);
+  if (group - g0 == 2) fn(std::integral_constant<int, 2>{}, g0);
+  if (group - g0 == 1) fn(std::integral_constant<int, 1>{}, g0);
+}
+#endif
+
 // scores[g][t - begin] = q_g . k_t for the keys of one span, reading each key once for the whole group.
 template <typename T>
 void span_scores(const float* q, const T* keys, const T* values, const int64_t* table, const Geometry& geo,
@@ -46,6 +94,13 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
     if (t + run < end) prefetch_block(keys + table[block + 1] * block_elems, block_elems);
     prefetch_block(values + offset, run * d);
     int64_t j = 0;
+#ifdef TRITONLLM_AVX512
+    if constexpr (simd::kVectorLoad<T>)
+      for (; d % 16 == 0 && j + 8 <= run; j += 8)
+        in_threes(geo.group, [&](auto heads, int64_t g0) {
+          scores_of_8_keys<decltype(heads)::value>(q, k + j * d, d, g0, len, scores + (t - begin) + j);
+        });
+#endif
 #ifdef TRITONLLM_AVX2
     if constexpr (simd::kVectorLoad<T>)
       for (; d % 8 == 0 && j + 8 <= run; j += 8)
@@ -78,6 +133,17 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
   for (int64_t t = begin; t < end;) {
     const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
     const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * d;
+#ifdef TRITONLLM_AVX512
+    if constexpr (simd::kVectorLoad<T>)
+      if (d % 64 == 0) {
+        for (int64_t i = 0; i < d; i += 64)
+          in_threes(geo.group, [&](auto heads, int64_t g0) {
+            values_of_run<decltype(heads)::value>(p + (t - begin), len, v, run, d, i, g0, acc);
+          });
+        t += run;
+        continue;
+      }
+#endif
     for (int64_t g = 0; g < geo.group; ++g) {
       const float* pg = p + g * len + (t - begin);
       float* out = acc + g * d;

@@ -1,6 +1,6 @@
 // AVX2 helpers the kernels share. TRITONLLM_AVX2 is defined when the translation unit is compiled with
 // AVX2+FMA (cpu_kernels.py builds one variant per instruction set); without it the kernels run portable loops.
-// TRITONLLM_AVX512_VNNI adds the AVX-512 VNNI paths on top of the AVX2 ones.
+// TRITONLLM_AVX512 and TRITONLLM_AVX512_VNNI add AVX-512 paths on top of the AVX2 ones.
 #pragma once
 #include <torch/extension.h>
 
@@ -12,8 +12,12 @@
 #include <immintrin.h>
 #define TRITONLLM_AVX2 1
 #endif
+// AVX-512 (the avx512 builds): 16-lane paths with 32 registers where they pay (decode attention).
+#if defined(TRITONLLM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define TRITONLLM_AVX512 1
+#endif
 // AVX-512 with VNNI (the avx512_vnni build): the int8 kernel's 512-bit u8 x s8 dot products.
-#if defined(TRITONLLM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(TRITONLLM_AVX512) && defined(__AVX512VNNI__)
 #define TRITONLLM_AVX512_VNNI 1
 #endif
 
@@ -56,6 +60,22 @@ inline __m256 load_bf16x8(const uint16_t* p) {
 }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const at::BFloat16* p) { return load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+#endif
+
+#ifdef TRITONLLM_AVX512
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+// The horizontal sums of eight vectors, as one vector: lane j = sum of a[j]'s lanes.
+inline __m256 hsum8(const __m512* a) {
+  __m256 halves[8];
+  for (int j = 0; j < 8; ++j)
+    halves[j] = _mm256_add_ps(_mm512_castps512_ps256(a[j]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[j]), 1)));
+  return hsum8(halves);
+}
 #endif
 
 }  // namespace simd
