@@ -19,17 +19,26 @@ from tritonllm.model.loader import load_model
 from tritonllm.model.quant import runs_on_kernels
 
 
-def vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds `address` (Linux /proc/self/smaps)."""
-    inside = False
+def mapping(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields (Rss, VmFlags, ...) of this process's mapping that holds `address`."""
+    fields: dict[str, str] | None = None
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
+            if fields is not None:
+                return fields
             start, end = (int(x, 16) for x in head.split("-"))
-            inside = start <= address < end
-        elif inside and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+            fields = {} if start <= address < end else None
+        elif fields is not None:
+            name, _, value = line.partition(":")
+            fields[name] = value.strip()
+    if fields is None:
+        raise AssertionError(f"no mapping holds {address:#x}")
+    return fields
+
+
+def resident_kb(buffer: torch.Tensor) -> int:
+    return int(mapping(buffer.data_ptr())["Rss"].split()[0])
 
 
 def test_buffers_are_zeroed_aligned_and_advised() -> None:
@@ -39,9 +48,20 @@ def test_buffers_are_zeroed_aligned_and_advised() -> None:
     buffer[-1] = 7
     assert buffer[-1] == 7
     if Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():  # Linux with THP built in
-        assert "hg" in vm_flags(buffer.data_ptr())  # MADV_HUGEPAGE took
+        assert "hg" in mapping(buffer.data_ptr())["VmFlags"].split()  # MADV_HUGEPAGE took
     cache = huge_page_zeros((2, 3, 40, 16, 8), torch.bfloat16)
     assert cache.shape == (2, 3, 40, 16, 8) and cache.dtype == torch.bfloat16 and cache.is_contiguous()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_a_populated_buffer_is_resident_before_its_first_write() -> None:
+    """The KV pool's pages are faulted in at start (MADV_POPULATE_WRITE), not inside the steps that first
+    write them; without `populate` they come on first touch."""
+    lazy = huge_page_bytes(8 * HUGE_PAGE)
+    populated = huge_page_bytes(8 * HUGE_PAGE, populate=True)
+    assert resident_kb(lazy) < 2 * HUGE_PAGE // 1024  # at most the page the alignment slack touched
+    assert resident_kb(populated) >= 8 * HUGE_PAGE // 1024
+    assert not populated.any()
 
 
 @pytest.mark.skipif(load_kernels() is None, reason="needs the CPU kernels")
@@ -72,7 +92,7 @@ def test_a_kernel_without_huge_pages_gets_plain_memory(monkeypatch: pytest.Monke
         MADV_HUGEPAGE=getattr(mmap, "MADV_HUGEPAGE", 14),
     )
     monkeypatch.setattr(huge_pages, "mmap", fake)
-    buffer = huge_page_bytes(2 * HUGE_PAGE)
+    buffer = huge_page_bytes(2 * HUGE_PAGE, populate=True)
     buffer[0] = 1
     assert buffer.numel() == 2 * HUGE_PAGE and buffer.sum() == 1
 
@@ -105,5 +125,7 @@ def test_greedy_output_is_the_same_on_huge_pages(
     import tritonllm.model.loader as loader
 
     monkeypatch.setattr(loader, "move_weights_to_huge_pages", lambda modules: None)
-    monkeypatch.setattr(model_runner, "huge_page_zeros", lambda shape, dtype: torch.zeros(shape, dtype=dtype))
+    monkeypatch.setattr(
+        model_runner, "huge_page_zeros", lambda shape, dtype, populate: torch.zeros(shape, dtype=dtype)
+    )
     assert generate() == on_huge_pages and len(on_huge_pages) == 24

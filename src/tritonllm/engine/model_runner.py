@@ -67,9 +67,10 @@ class ModelRunner:
         gather of blocks is contiguous per head); evaluation takes a scratch one."""
         a = self.args
         shape = (a.num_layers, 2, a.num_kv_heads, num_blocks, self.tokens_per_block, a.head_dim)
-        # Decode attention reads blocks from all over the cache: on the CPU, 2 MB pages miss the TLB less.
+        # Decode attention reads blocks from all over the cache: on the CPU, 2 MB pages miss the TLB less;
+        # faulted in here, once, rather than inside the steps that first write them.
         if self.device.type == "cpu":
-            return huge_page_zeros(shape, self.kv_cache_dtype)
+            return huge_page_zeros(shape, self.kv_cache_dtype, populate=True)
         return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
 
     def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
