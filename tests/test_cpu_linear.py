@@ -12,9 +12,10 @@ from tritonllm.model import quant
 from tritonllm.model.cpu_kernels import load_kernels, supported_isas
 from tritonllm.model.quant import BlockInt8Linear, expand_int8_blocks, quantize_int8_blocks
 
-# (tokens, out_features, in_features): int8 runs its dot product two tokens at a time at every size; bf16
-# takes its few-token kernel up to 8 tokens, the fp32 expansion from 9. out_features not a multiple of 8 (the
-# int8 tile) or 4 and in_features not a multiple of 32 or 8 exercise the edges.
+# (tokens, out_features, in_features): int8 runs its dot product two tokens at a time (eight in the
+# avx512_vnni build) at every size; bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9.
+# out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
+# exercise the edges.
 SHAPES = [
     (1, 7, 64),
     (2, 9, 40),
@@ -26,6 +27,7 @@ SHAPES = [
     (9, 12, 64),
     (17, 30, 100),
     (33, 65, 256),
+    (12, 40, 1536),
     (300, 13, 100),
 ]
 
@@ -52,8 +54,10 @@ def test_int8_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
     activations = quantized_activations(x)
     expected = activations @ weight.T + bias
     packed = kernels.int8_pack(q, scale)
-    rows = packed.shape[0] * quant.INT8_TILE_ROWS
-    assert rows == -(-n // 8) * 8
+    tile_rows = quant.int8_tile_rows(packed)
+    assert tile_rows == (16 if isa == "avx512_vnni" else 8)
+    rows = packed.shape[0] * tile_rows
+    assert rows == -(-n // tile_rows) * tile_rows
     padded_bias = torch.nn.functional.pad(bias, (0, rows - n))
     got = kernels.int8_linear(x, packed, padded_bias)
     assert got.shape == (m, rows) and (got[:, n:] == 0).all()  # padded rows: zero weights, zero bias
@@ -97,13 +101,14 @@ def test_int8_block_scales_are_fp16_values_rounded_up() -> None:
         quantize_int8_blocks(torch.full((8, 32), 1e7))
 
 
-@pytest.mark.parametrize("rows", [24, 13])
+@pytest.mark.parametrize("rows", [32, 24, 13])
 @pytest.mark.parametrize("tokens", [2, 8])
 def test_int8_linear_fallback_without_kernels(
     monkeypatch: pytest.MonkeyPatch, rows: int, tokens: int
 ) -> None:
     """No compiler: the layer expands its weights once and gives the kernel's answer, with the kernel's padded
-    rows (13 is not a multiple of its tile of 8) dropped; such a layer stays out of the fused decode stack."""
+    rows (13 is not a multiple of its tile of 8 or 16, 24 not of 16) dropped; such a layer stays out of the
+    fused decode stack."""
     gen = torch.Generator().manual_seed(3)
     w, x, bias = (
         torch.randn(rows, 96, generator=gen),
@@ -111,7 +116,8 @@ def test_int8_linear_fallback_without_kernels(
         torch.randn(rows),
     )
     with_kernel = BlockInt8Linear(*quantize_int8_blocks(w), bias)
-    assert (quant.kernel_tensors(with_kernel) is None) == (rows % quant.INT8_TILE_ROWS != 0)
+    padded = rows % quant.int8_tile_rows(with_kernel.weight) != 0
+    assert (quant.kernel_tensors(with_kernel) is None) == padded
     monkeypatch.setattr(quant, "cpu_kernels", lambda device: None)
     fallback = BlockInt8Linear(*quantize_int8_blocks(w), bias)
     assert fallback.weight.dtype == torch.float32

@@ -160,13 +160,16 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-INT8_TILE_ROWS = 8  # csrc/int8_linear.cpp packs weight rows in tiles of this many (the last one zero-padded)
+def int8_tile_rows(packed: torch.Tensor) -> int:
+    """Rows per tile of `int8_pack`'s output (8, or 16 in the avx512_vnni build; the last tile zero-padded):
+    each holds 32 int8 weights and an fp16 scale per row and block."""
+    return packed.shape[2] // (INT8_BLOCK + 2)
 
 
 class BlockInt8Linear(nn.Module):
     """y = x W^T + b for int8 weights in blocks of 32 (`quantize_int8_blocks`).
 
-    With the CPU kernels the weights are repacked once at load into the kernels' tiles of 8 rows and every
+    With the CPU kernels the weights are repacked once at load into the kernels' tiles of rows and every
     batch runs the int8 x int8 dot product (`csrc/int8_linear.cpp`; faster here than fp32 FMAs or BLAS on
     expanded weights at 1-512 tokens). Without the kernels the weights are expanded once at load.
     """
@@ -181,7 +184,7 @@ class BlockInt8Linear(nn.Module):
             packed = self.kernels.int8_pack(weight.contiguous(), scale.float().contiguous())
             self.register_buffer("weight", packed)
             if bias is not None:  # the kernels add a bias to every row, padded ones included
-                bias = F.pad(bias, (0, self.weight.shape[0] * INT8_TILE_ROWS - self.out_features))
+                bias = F.pad(bias, (0, self.weight.shape[0] * int8_tile_rows(packed) - self.out_features))
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -204,7 +207,7 @@ def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
     empty tensor for no bias), or None for any other linear, and for int8 ones with padded rows to drop."""
     if not runs_on_kernels(linear):
         return None
-    if isinstance(linear, BlockInt8Linear) and linear.out_features % INT8_TILE_ROWS:
+    if isinstance(linear, BlockInt8Linear) and linear.out_features % int8_tile_rows(linear.weight):
         return None
     return [linear.weight, NO_TENSOR if linear.bias is None else linear.bias]
 

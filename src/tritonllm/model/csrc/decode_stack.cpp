@@ -7,7 +7,7 @@
 
 namespace {
 
-// A linear as two tensors: packed int8 weights (int8_pack; rows a multiple of 8, so nothing to drop) or bf16
+// A linear as two tensors: packed int8 weights (int8_pack; rows a multiple of its tiles', so nothing to drop) or bf16
 // weights, then a bias or an empty tensor.
 at::Tensor run_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   c10::optional<at::Tensor> b;

@@ -11,11 +11,14 @@
 // batch-1 decode reads every weight once per token, so this is what sets its speed. With more tokens a tile
 // stays in cache while the tokens go by two at a time: on AVX2 this beat expanding the weights to fp32 for
 // FMAs or for the BLAS GEMM at every batch size measured (1-512 tokens; benchmarks/README.md).
-// With AVX-512 VNNI one 64-byte load is a whole chunk (8 rows x 8 inputs) and one vpdpbusd multiplies it by
-// the token's 8 activations repeated 8 times and adds the products in fours: 4 instructions per token and
-// block where the AVX2 path takes ~30. vpdpbusd multiplies unsigned by signed bytes, so activations go in
-// offset by 128 (x + 128 as u8) and 128 x the block's weight sums, computed once per block for all tokens,
-// is taken back off.
+// The avx512_vnni build packs its own layout: tiles of 16 rows, each block as the 16 rows' scales (fp16, row
+// order) then 8 chunks of 64 bytes (chunk c: inputs 4c..4c+3 of rows 0-15, 4 bytes a row), so that one
+// vpdpbusd multiplies a chunk by 4 activations repeated 16 times and leaves each row's sum in its own lane.
+// Per token and block that is 8 dot products and one scale multiply-add for 16 rows, where 8-row chunks
+// took 4 and one for 8 rows (the scale work is per lane): 1.14x at 32 tokens, 1.25x at 128 (1 thread).
+// Scales kept after all of a tile's weights (aligned chunks, two streams) made batch 1 1.5x slower.
+// vpdpbusd multiplies unsigned by signed bytes: the weights are stored + 128 (as u8) and 128 x each token's
+// block sum, computed once when the activations are quantized, is taken back off.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -33,21 +36,36 @@ namespace {
 using simd::to_float;
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kTileRows = 8, kScaleBytes = kTileRows * 2, kTileBlock = kScaleBytes + kTileRows * kBlock;
+constexpr int64_t kPrefetchBlocks = 4;  // ~1.1 KB ahead: measured best of 2-8 for a thread streaming from DRAM
 // Scales are stored in the order the AVX2 kernel's horizontal add leaves the rows' sums. The map is its own
 // inverse: slot s holds row kSlot[s], and row r sits in slot kSlot[r].
-constexpr int kSlot[kTileRows] = {0, 1, 4, 5, 2, 3, 6, 7};
-constexpr int64_t kPrefetchBlocks = 4;  // ~1.1 KB ahead: measured best of 2-8 for a thread streaming from DRAM
+constexpr int kSlot[8] = {0, 1, 4, 5, 2, 3, 6, 7};
 
-// Byte of input i (< 32) of tile row r within a tile's block.
-inline int64_t packed_offset(int64_t r, int64_t i) {
-  return kScaleBytes + (i / 8) * 64 + (r / 4) * 32 + (r % 4) * 8 + i % 8;
+#ifdef TRITONLLM_AVX512_VNNI
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kChunkBytes = 64, kScaleBytes = kTileRows * 2;
+constexpr uint8_t kWeightOffset = 0x80;  // weights stored + 128, as vpdpbusd's unsigned operand
+
+// Where weight i (< 32) of row r in block b, and row r's scale for block b, sit in a tile.
+inline int64_t weight_offset(int64_t b, int64_t r, int64_t i) {
+  return b * kTileRows * (kBlock + 2) + kScaleBytes + (i / 4) * kChunkBytes + r * 4 + i % 4;
 }
+inline int64_t scale_offset(int64_t b, int64_t r) { return b * kTileRows * (kBlock + 2) + 2 * r; }
+#else
+constexpr int64_t kTileRows = 8, kScaleBytes = kTileRows * 2;
+constexpr uint8_t kWeightOffset = 0;
 
-// Scale of slot s of a tile's block (fp16).
-inline float block_scale(const uint8_t* block, int s) {
+inline int64_t weight_offset(int64_t b, int64_t r, int64_t i) {
+  return b * kTileRows * (kBlock + 2) + kScaleBytes + (i / 8) * 64 + (r / 4) * 32 + (r % 4) * 8 + i % 8;
+}
+inline int64_t scale_offset(int64_t b, int64_t r) { return b * kTileRows * (kBlock + 2) + 2 * kSlot[r]; }
+#endif
+constexpr int64_t kTileBlock = kTileRows * (kBlock + 2);  // a tile's bytes per block: weights and fp16 scales
+
+// Row r's scale for block b of a tile (fp16).
+inline float block_scale(const uint8_t* tile, int64_t b, int64_t r) {
   c10::Half h;
-  std::memcpy(&h, block + 2 * s, 2);
+  std::memcpy(&h, tile + scale_offset(b, r), 2);
   return static_cast<float>(h);
 }
 
@@ -58,8 +76,8 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-// One whole block of 32 activations to int8 (rounded to nearest even, as the scalar path) and the unsigned
-// operand the dot product multiplies (operand_of); returns the block's largest magnitude.
+// One whole block of 32 activations to int8 (rounded to nearest even, as the scalar path) and, where asked,
+// their absolute values (AVX2's unsigned operand); returns the block's largest magnitude.
 template <typename T>
 inline float quantize_block(const T* x, int8_t* q, int8_t* operand) {
   __m256 v[4], amax = _mm256_setzero_ps();
@@ -77,58 +95,54 @@ inline float quantize_block(const T* x, int8_t* q, int8_t* operand) {
       _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3])),
       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
-#ifdef TRITONLLM_AVX512_VNNI
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(operand), _mm256_xor_si256(bytes, _mm256_set1_epi8(-128)));
-#else
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(operand), _mm256_abs_epi8(bytes));
-#endif
+  if (operand != nullptr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(operand), _mm256_abs_epi8(bytes));
   return largest;
 }
 #endif
 
-// The unsigned byte the dot product multiplies for activation q: |q| for AVX2's maddubs (the weight takes q's
-// sign), q + 128 for VNNI's vpdpbusd (the weights' sums take the offset back off).
-inline int8_t operand_of(int8_t q) {
-#ifdef TRITONLLM_AVX512_VNNI
-  return static_cast<int8_t>(static_cast<uint8_t>(q) ^ 0x80);
-#else
-  return static_cast<int8_t>(std::abs(q));
-#endif
-}
-
-// Quantize `m` rows of `k` activations to int8 (and the operands the kernel multiplies, operand_of), per
-// block of 32 (zero-padded to `kp`), with one scale per block.
+// Quantize `m` rows of `k` activations to int8 per block of 32 (zero-padded to `kp`), with one scale per
+// block; where asked, also their absolute values (`abs_xq`, AVX2's maddubs operand) and -128 x each block's
+// sum (`corrections`, what the avx512_vnni kernel's offset weights add).
 template <typename T>
-void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* operands, float* xs) {
+void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* abs_xq, float* xs,
+                   int32_t* corrections) {
   const int64_t nb = kp / kBlock;
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t b = 0; b < nb; ++b) {
         const T* in = x + r * k + b * kBlock;
         int8_t* q = xq + r * kp + b * kBlock;
-        int8_t* operand = operands + r * kp + b * kBlock;
+        int8_t* abs_q = abs_xq ? abs_xq + r * kp + b * kBlock : nullptr;
         const int64_t len = std::min(kBlock, k - b * kBlock);
+        bool done = false;
 #ifdef TRITONLLM_AVX2
         if constexpr (simd::kVectorLoad<T>) {
           if (len == kBlock) {
-            xs[r * nb + b] = quantize_block(in, q, operand) / 127.f;
-            continue;
+            xs[r * nb + b] = quantize_block(in, q, abs_q) / 127.f;
+            done = true;
           }
         }
 #endif
-        float amax = 0.f;
-        for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(to_float(in[i])));
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        xs[r * nb + b] = amax / 127.f;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          q[i] = i < len ? static_cast<int8_t>(std::nearbyint(to_float(in[i]) * inv)) : 0;
-          operand[i] = operand_of(q[i]);
+        if (!done) {
+          float amax = 0.f;
+          for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(to_float(in[i])));
+          const float inv = amax > 0.f ? 127.f / amax : 0.f;
+          xs[r * nb + b] = amax / 127.f;
+          for (int64_t i = 0; i < kBlock; ++i) {
+            q[i] = i < len ? static_cast<int8_t>(std::nearbyint(to_float(in[i]) * inv)) : 0;
+            if (abs_q) abs_q[i] = static_cast<int8_t>(std::abs(q[i]));
+          }
+        }
+        if (corrections) {
+          int32_t sum = 0;
+          for (int64_t i = 0; i < kBlock; ++i) sum += q[i];
+          corrections[r * nb + b] = -128 * sum;
         }
       }
   });
 }
 
-#ifdef TRITONLLM_AVX2
+#if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512_VNNI)
 inline __m256i broadcast8(const int8_t* p) {  // 8 int8 values, repeated 4 times
   int64_t chunk;
   std::memcpy(&chunk, p, 8);
@@ -167,78 +181,80 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
 #endif
 
 #ifdef TRITONLLM_AVX512_VNNI
-constexpr int kVnniTokens = 8;  // tokens per pass over a tile: 8 accumulators + 4 weight chunks + 3 in 32 registers
+constexpr int kVnniTokens = 8;  // tokens per pass over a tile: 8 accumulators + 8 weight chunks + 4 in 32 registers
 
-// acc[m] lane l = half of row l / 2's dot product with token m (lanes 2r and 2r + 1 add up to row r), over a
-// tile's nb blocks. xu holds the tokens' activations + 128 as bytes, [tokens, nb * 32].
+// acc[m] lane r = row r's dot product with token m, over a tile's nb blocks. xq: the tokens' int8 activations
+// [tokens, nb * 32]; corrections: -128 x their block sums [tokens, nb]; xs: their scales [tokens, nb].
 template <int RM>
-void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xu, const float* xs, __m512* acc) {
-  // Lane l's scale: row l / 2's, which sits in slot kSlot[l / 2] of the block's 8 scales.
-  const __m512i scale_lanes = _mm512_setr_epi32(kSlot[0], kSlot[0], kSlot[1], kSlot[1], kSlot[2], kSlot[2], kSlot[3], kSlot[3],
-                                                kSlot[4], kSlot[4], kSlot[5], kSlot[5], kSlot[6], kSlot[6], kSlot[7], kSlot[7]);
-  const __m512i offset = _mm512_set1_epi8(-128);  // 0x80: 128 as the unsigned operand
+void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t* corrections, const float* xs,
+               __m512* acc) {
   for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = tile + b * kTileBlock;
-    const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBlocks * kTileBlock);
-    for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    __m512i w[4], offset_sums = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      w[c] = _mm512_loadu_si512(block + kScaleBytes + 64 * c);
-      offset_sums = _mm512_dpbusd_epi32(offset_sums, offset, w[c]);
+    // ~1.1 KB ahead, as the AVX2 path; but a single token keeps up with the hardware prefetcher alone (body
+    // at 1 token 1.1-1.3x faster without, at 8 tokens 1.4-1.8x slower; Zen 4, 1-2 threads).
+    if constexpr (RM > 1) {
+      const char* ahead = reinterpret_cast<const char*>(block + 2 * kTileBlock);
+      for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
     }
-    const __m512i minus_offset = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums);
-    const __m256 slots = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    const __m512 scales = _mm512_permutexvar_ps(scale_lanes, _mm512_castps256_ps512(slots));
+    __m512i w[8];
+    for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(block + kScaleBytes + kChunkBytes * c);
+    const __m512 row_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
     for (int m = 0; m < RM; ++m) {
-      const int8_t* x = xu + (m * nb + b) * kBlock;
-      __m512i dot = minus_offset;
-      for (int c = 0; c < 4; ++c) {
-        int64_t chunk;
-        std::memcpy(&chunk, x + 8 * c, 8);
-        dot = _mm512_dpbusd_epi32(dot, _mm512_set1_epi64(chunk), w[c]);
+      const int8_t* x = xq + (m * nb + b) * kBlock;
+      // Few tokens leave too few independent dot products to hide vpdpbusd's latency: split each in 4 chains.
+      constexpr int kChains = RM < 4 ? 4 : 1;
+      __m512i dots[kChains];
+      dots[0] = _mm512_set1_epi32(corrections[m * nb + b]);
+      for (int j = 1; j < kChains; ++j) dots[j] = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        int32_t four;
+        std::memcpy(&four, x + 4 * c, 4);
+        dots[c % kChains] = _mm512_dpbusd_epi32(dots[c % kChains], w[c], _mm512_set1_epi32(four));
       }
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scales, _mm512_set1_ps(xs[m * nb + b])), acc[m]);
+      __m512i dot = dots[0];
+      for (int j = 1; j < kChains; ++j) dot = _mm512_add_epi32(dot, dots[j]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(row_scales, _mm512_set1_ps(xs[m * nb + b])), acc[m]);
     }
   }
 }
 
-// Rows [tile's 8] x tokens [m0, m0 + tokens) into rows ([token][row]), kVnniTokens at a time.
-void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xu, const float* xs, int64_t m, float* rows) {
+// Rows [tile's 16] x tokens [0, m) into rows ([token][row]), kVnniTokens at a time.
+void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, const int32_t* corrections, const float* xs,
+                int64_t m, float* rows) {
   for (int64_t m0 = 0; m0 < m; m0 += kVnniTokens) {
     const int64_t tokens = std::min<int64_t>(kVnniTokens, m - m0);
     __m512 acc[kVnniTokens];
-    const int8_t* x = xu + m0 * kp;
+    const int8_t* x = xq + m0 * kp;
+    const int32_t* c = corrections + m0 * nb;
     const float* s = xs + m0 * nb;
     switch (tokens) {
-      case 8: vnni_tile<8>(tile, nb, x, s, acc); break;
-      case 7: vnni_tile<7>(tile, nb, x, s, acc); break;
-      case 6: vnni_tile<6>(tile, nb, x, s, acc); break;
-      case 5: vnni_tile<5>(tile, nb, x, s, acc); break;
-      case 4: vnni_tile<4>(tile, nb, x, s, acc); break;
-      case 3: vnni_tile<3>(tile, nb, x, s, acc); break;
-      case 2: vnni_tile<2>(tile, nb, x, s, acc); break;
-      default: vnni_tile<1>(tile, nb, x, s, acc); break;
+      case 8: vnni_tile<8>(tile, nb, x, c, s, acc); break;
+      case 7: vnni_tile<7>(tile, nb, x, c, s, acc); break;
+      case 6: vnni_tile<6>(tile, nb, x, c, s, acc); break;
+      case 5: vnni_tile<5>(tile, nb, x, c, s, acc); break;
+      case 4: vnni_tile<4>(tile, nb, x, c, s, acc); break;
+      case 3: vnni_tile<3>(tile, nb, x, c, s, acc); break;
+      case 2: vnni_tile<2>(tile, nb, x, c, s, acc); break;
+      default: vnni_tile<1>(tile, nb, x, c, s, acc); break;
     }
-    for (int64_t i = 0; i < tokens; ++i) {
-      float lanes[16];
-      _mm512_storeu_ps(lanes, acc[i]);
-      for (int64_t r = 0; r < kTileRows; ++r) rows[(m0 + i) * kTileRows + r] = lanes[2 * r] + lanes[2 * r + 1];
-    }
+    for (int64_t i = 0; i < tokens; ++i) _mm512_storeu_ps(rows + (m0 + i) * kTileRows, acc[i]);
   }
 }
 #endif
 
-// out[m][r] for a tile's 8 rows and `tokens` tokens (the portable path).
+// out[m][r] for a tile's rows and `tokens` tokens (the portable path).
 void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const float* xs, int64_t tokens, float* out) {
   for (int64_t m = 0; m < tokens; ++m)
     for (int64_t r = 0; r < kTileRows; ++r) {
       float total = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
-        const int8_t* q = reinterpret_cast<const int8_t*>(tile + b * kTileBlock);
         int32_t dot = 0;
-        for (int64_t i = 0; i < kBlock; ++i) dot += static_cast<int32_t>(q[packed_offset(r, i)]) * xq[(m * nb + b) * kBlock + i];
-        total += static_cast<float>(dot) * block_scale(tile + b * kTileBlock, kSlot[r]) * xs[m * nb + b];
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const int32_t w = static_cast<int8_t>(tile[weight_offset(b, r, i)] ^ kWeightOffset);
+          dot += w * xq[(m * nb + b) * kBlock + i];
+        }
+        total += static_cast<float>(dot) * block_scale(tile, b, r) * xs[m * nb + b];
       }
       out[m * kTileRows + r] = total;
     }
@@ -249,9 +265,18 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
   at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
-  at::Tensor operands = at::empty({m, kp}, x.options().dtype(at::kChar));
   at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), operands.data_ptr<int8_t>(), xs.data_ptr<float>());
+#if defined(TRITONLLM_AVX512_VNNI)
+  at::Tensor corrections = at::empty({m, nb}, x.options().dtype(at::kInt));
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), nullptr, xs.data_ptr<float>(), corrections.data_ptr<int32_t>());
+  const int32_t* correctionp = corrections.data_ptr<int32_t>();
+#elif defined(TRITONLLM_AVX2)
+  at::Tensor abs_xq = at::empty({m, kp}, x.options().dtype(at::kChar));
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), abs_xq.data_ptr<int8_t>(), xs.data_ptr<float>(), nullptr);
+  const int8_t* abs_xqp = abs_xq.data_ptr<int8_t>();
+#else
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), nullptr, xs.data_ptr<float>(), nullptr);
+#endif
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
@@ -260,19 +285,18 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
   const float* xsp = xs.data_ptr<float>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int8_t* xqp = xq.data_ptr<int8_t>();
-  const int8_t* operandp = operands.data_ptr<int8_t>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> rows(m * kTileRows);  // [token][row]
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * nb * kTileBlock;
 #if defined(TRITONLLM_AVX512_VNNI)
-      vnni_tiles(tile, nb, kp, operandp, xsp, m, rows.data());
+      vnni_tiles(tile, nb, kp, xqp, correctionp, xsp, m, rows.data());
 #elif defined(TRITONLLM_AVX2)
       for (int64_t m0 = 0; m0 < m; m0 += 2) {
         __m256 acc[2];
         const int64_t tokens = std::min<int64_t>(2, m - m0);
-        if (tokens == 2) packed_tile<2>(tile, nb, xqp + m0 * kp, operandp + m0 * kp, xsp + m0 * nb, acc);
-        else packed_tile<1>(tile, nb, xqp + m0 * kp, operandp + m0 * kp, xsp + m0 * nb, acc);
+        if (tokens == 2) packed_tile<2>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
+        else packed_tile<1>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
         for (int64_t i = 0; i < tokens; ++i) {
           float slots[kTileRows];
           _mm256_storeu_ps(slots, acc[i]);
@@ -300,8 +324,9 @@ void check_packed(const at::Tensor& packed) {
 }  // namespace
 
 // w int8 [N, Kp] (Kp = K rounded up to 32, zero-padded), ws float32 [N, Kp/32] -> the kernels' layout,
-// uint8 [ceil(N/8), Kp/32, 272]; rows past N are zeros. Scales are rounded to fp16 (exact for those of
-// quant.quantize_int8_blocks, which picks fp16 values).
+// uint8 [ceil(N/R), Kp/32, R * 34] for tiles of R rows (8, or 16 in the avx512_vnni build);
+// rows past N are zeros. Scales are rounded to fp16 (exact for those of quant.quantize_int8_blocks, which
+// picks fp16 values).
 at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
   TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
   TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
@@ -311,16 +336,20 @@ at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
   const float* wsp = ws.data_ptr<float>();
   uint8_t* pp = packed.data_ptr<uint8_t>();
   at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* block = pp + (t * nb + b) * kTileBlock;
-        for (int64_t r = 0; r < kTileRows && t * kTileRows + r < n; ++r) {
-          const int64_t row = t * kTileRows + r;
-          const c10::Half scale(wsp[row * nb + b]);
-          std::memcpy(block + 2 * kSlot[r], &scale, 2);
-          for (int64_t i = 0; i < kBlock; ++i) block[packed_offset(r, i)] = static_cast<uint8_t>(wp[row * kp + b * kBlock + i]);
+    for (int64_t t = begin; t < end; ++t) {
+      uint8_t* tile = pp + t * nb * kTileBlock;
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const int64_t row = t * kTileRows + r;
+        for (int64_t b = 0; b < nb; ++b) {
+          const c10::Half scale(row < n ? wsp[row * nb + b] : 0.f);
+          std::memcpy(tile + scale_offset(b, r), &scale, 2);
+          for (int64_t i = 0; i < kBlock; ++i) {
+            const int8_t weight = row < n ? wp[row * kp + b * kBlock + i] : 0;
+            tile[weight_offset(b, r, i)] = static_cast<uint8_t>(weight) ^ kWeightOffset;
+          }
         }
       }
+    }
   });
   return packed;
 }
