@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "errors.h"
@@ -219,9 +220,12 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
   }
 }
 
-// Rows [tile's 16] x tokens [0, m) into rows ([token][row]), kVnniTokens at a time.
+// out[i][r] (+ bias[r]) for the tile's 16 rows r and tokens i in [0, m), kVnniTokens at a time; out and bias
+// start at the tile's first row, out's rows are `stride` apart.
+template <typename T>
 void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, const int32_t* corrections, const float* xs,
-                int64_t m, float* rows) {
+                int64_t m, const float* bias, T* out, int64_t stride) {
+  const __m512 bias_lanes = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   for (int64_t m0 = 0; m0 < m; m0 += kVnniTokens) {
     const int64_t tokens = std::min<int64_t>(kVnniTokens, m - m0);
     __m512 acc[kVnniTokens];
@@ -238,7 +242,17 @@ void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, c
       case 2: vnni_tile<2>(tile, nb, x, c, s, acc); break;
       default: vnni_tile<1>(tile, nb, x, c, s, acc); break;
     }
-    for (int64_t i = 0; i < tokens; ++i) _mm512_storeu_ps(rows + (m0 + i) * kTileRows, acc[i]);
+    for (int64_t i = 0; i < tokens; ++i) {
+      const __m512 row = _mm512_add_ps(acc[i], bias_lanes);
+      T* dst = out + (m0 + i) * stride;
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_storeu_ps(dst, row);
+      } else {
+        float lanes[kTileRows];
+        _mm512_storeu_ps(lanes, row);
+        for (int64_t r = 0; r < kTileRows; ++r) dst[r] = static_cast<T>(lanes[r]);
+      }
+    }
   }
 }
 #endif
@@ -286,12 +300,15 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int8_t* xqp = xq.data_ptr<int8_t>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+#if defined(TRITONLLM_AVX512_VNNI)
+    for (int64_t t = begin; t < end; ++t)
+      vnni_tiles(wp + t * nb * kTileBlock, nb, kp, xqp, correctionp, xsp, m, bp ? bp + t * kTileRows : nullptr,
+                 op + t * kTileRows, n);
+#else
     std::vector<float> rows(m * kTileRows);  // [token][row]
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * nb * kTileBlock;
-#if defined(TRITONLLM_AVX512_VNNI)
-      vnni_tiles(tile, nb, kp, xqp, correctionp, xsp, m, rows.data());
-#elif defined(TRITONLLM_AVX2)
+#if defined(TRITONLLM_AVX2)
       for (int64_t m0 = 0; m0 < m; m0 += 2) {
         __m256 acc[2];
         const int64_t tokens = std::min<int64_t>(2, m - m0);
@@ -312,6 +329,7 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
           op[i * n + row] = static_cast<T>(rows[i * kTileRows + r] + (bp ? bp[row] : 0.f));
         }
     }
+#endif
   });
   return out;
 }
