@@ -15,7 +15,7 @@
 // order) then 8 chunks of 64 bytes (chunk c: inputs 4c..4c+3 of rows 0-15, 4 bytes a row), so that one
 // vpdpbusd multiplies a chunk by 4 activations repeated 16 times and leaves each row's sum in its own lane.
 // Per token and block that is 8 dot products and one scale multiply-add for 16 rows, where 8-row chunks
-// took 4 and one for 8 rows (the scale work is per lane): 1.14x at 32 tokens, 1.25x at 128 (1 thread).
+// took 4 and one for 8 rows (the scale work is per lane): 1.2x at 32 tokens, 1.3x at 128 (1 thread).
 // Scales kept after all of a tile's weights (aligned chunks, two streams) made batch 1 1.5x slower.
 // vpdpbusd multiplies unsigned by signed bytes: the weights are stored + 128 (as u8) and 128 x each token's
 // block sum, computed once when the activations are quantized, is taken back off.
