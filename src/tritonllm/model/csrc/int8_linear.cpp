@@ -37,10 +37,9 @@ namespace {
 using simd::to_float;
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kPrefetchBlocks = 4;  // ~1.1 KB ahead: measured best of 2-8 for a thread streaming from DRAM
-// Scales are stored in the order the AVX2 kernel's horizontal add leaves the rows' sums. The map is its own
-// inverse: slot s holds row kSlot[s], and row r sits in slot kSlot[r].
-constexpr int kSlot[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+// How far ahead a tile's stream is prefetched: 4 blocks of 8 rows, 2 of 16; measured best of 2-8 8-row blocks
+// for a thread streaming from DRAM.
+constexpr int64_t kPrefetchBytes = 1088;
 
 #ifdef TRITONLLM_AVX512_VNNI
 constexpr int64_t kTileRows = 16;
@@ -55,6 +54,9 @@ inline int64_t scale_offset(int64_t b, int64_t r) { return b * kTileRows * (kBlo
 #else
 constexpr int64_t kTileRows = 8, kScaleBytes = kTileRows * 2;
 constexpr uint8_t kWeightOffset = 0;
+// Scales are stored in the order the AVX2 kernel's horizontal add leaves the rows' sums. The map is its own
+// inverse: slot s holds row kSlot[s], and row r sits in slot kSlot[r].
+constexpr int kSlot[kTileRows] = {0, 1, 4, 5, 2, 3, 6, 7};
 
 inline int64_t weight_offset(int64_t b, int64_t r, int64_t i) {
   return b * kTileRows * (kBlock + 2) + kScaleBytes + (i / 8) * 64 + (r / 4) * 32 + (r % 4) * 8 + i % 8;
@@ -101,6 +103,20 @@ inline float quantize_block(const T* x, int8_t* q, int8_t* operand) {
 }
 #endif
 
+// The scalar version of quantize_block, for any element type and for a block cut short (`len` < 32 inputs,
+// the rest zeros).
+template <typename T>
+float quantize_block_scalar(const T* x, int64_t len, int8_t* q, int8_t* abs_q) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(to_float(x[i])));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    q[i] = i < len ? static_cast<int8_t>(std::nearbyint(to_float(x[i]) * inv)) : 0;
+    if (abs_q) abs_q[i] = static_cast<int8_t>(std::abs(q[i]));
+  }
+  return amax;
+}
+
 // Quantize `m` rows of `k` activations to int8 per block of 32 (zero-padded to `kp`), with one scale per
 // block; where asked, also their absolute values (`abs_xq`, AVX2's maddubs operand) and -128 x each block's
 // sum (`corrections`, what the avx512_vnni kernel's offset weights add).
@@ -115,25 +131,14 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int
         int8_t* q = xq + r * kp + b * kBlock;
         int8_t* abs_q = abs_xq ? abs_xq + r * kp + b * kBlock : nullptr;
         const int64_t len = std::min(kBlock, k - b * kBlock);
-        bool done = false;
+        float largest;
 #ifdef TRITONLLM_AVX2
-        if constexpr (simd::kVectorLoad<T>) {
-          if (len == kBlock) {
-            xs[r * nb + b] = quantize_block(in, q, abs_q) / 127.f;
-            done = true;
-          }
-        }
+        if constexpr (simd::kVectorLoad<T>)
+          largest = len == kBlock ? quantize_block(in, q, abs_q) : quantize_block_scalar(in, len, q, abs_q);
+        else
 #endif
-        if (!done) {
-          float amax = 0.f;
-          for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(to_float(in[i])));
-          const float inv = amax > 0.f ? 127.f / amax : 0.f;
-          xs[r * nb + b] = amax / 127.f;
-          for (int64_t i = 0; i < kBlock; ++i) {
-            q[i] = i < len ? static_cast<int8_t>(std::nearbyint(to_float(in[i]) * inv)) : 0;
-            if (abs_q) abs_q[i] = static_cast<int8_t>(std::abs(q[i]));
-          }
-        }
+          largest = quantize_block_scalar(in, len, q, abs_q);
+        xs[r * nb + b] = largest / 127.f;
         if (corrections) {
           int32_t sum = 0;
           for (int64_t i = 0; i < kBlock; ++i) sum += q[i];
@@ -159,7 +164,7 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = tile + b * kTileBlock;
-    const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBlocks * kTileBlock);
+    const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBytes);
     for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
     const __m256i* w = reinterpret_cast<const __m256i*>(block + kScaleBytes);
     const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
@@ -192,10 +197,10 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
   for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = tile + b * kTileBlock;
-    // ~1.1 KB ahead, as the AVX2 path; but a single token keeps up with the hardware prefetcher alone (body
-    // at 1 token 1.1-1.3x faster without, at 8 tokens 1.4-1.8x slower; Zen 4, 1-2 threads).
+    // A single token keeps up with the hardware prefetcher alone (body at 1 token 1.1-1.3x faster without,
+    // at 8 tokens 1.4-1.8x slower; Zen 4, 1-2 threads).
     if constexpr (RM > 1) {
-      const char* ahead = reinterpret_cast<const char*>(block + 2 * kTileBlock);
+      const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBytes);
       for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
     }
     __m512i w[8];
