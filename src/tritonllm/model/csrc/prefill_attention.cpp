@@ -22,7 +22,11 @@ namespace {
 
 constexpr int64_t kQueryTile = 16;
 constexpr int64_t kKeyTile = 16;  // keys per step: two AVX2 vectors of scores per query row
+#ifdef TRITONLLM_AVX512
+constexpr int kScoreRows = 12, kValueRows = 6;  // 12 or 24 accumulators of AVX-512's 32 registers
+#else
 constexpr int kScoreRows = 6, kValueRows = 3;  // 12 accumulators + their operands fit AVX2's 16 registers
+#endif
 
 struct PrefillTask {
   int64_t seq, head, first, last;  // queries [first, last) of `seq` (0 = the chunk's first), kv head `head`
@@ -52,7 +56,15 @@ void load_values(const C* src, int64_t count, float* out) {
 // one query value per row against 16 keys' values: 2 loads + R broadcasts per 2R FMAs, and no horizontal sums.
 template <int R>
 void score_rows(const float* q, const float* kt, int64_t d, float* scores) {
-#ifdef TRITONLLM_AVX2
+#if defined(TRITONLLM_AVX512)
+  __m512 acc[R];  // one vector holds a row's kKeyTile scores
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; ++i) {
+    const __m512 k = _mm512_loadu_ps(kt + i * kKeyTile);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * d + i]), k, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(scores + r * kKeyTile, acc[r]);
+#elif defined(TRITONLLM_AVX2)
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t i = 0; i < d; ++i) {
@@ -81,6 +93,23 @@ void score_rows(const float* q, const float* kt, int64_t d, float* scores) {
 template <int R>
 void accumulate_rows(const float* p, const float* values, int64_t n, int64_t d, const float* rescale, float* acc) {
   int64_t i = 0;
+#if defined(TRITONLLM_AVX512)
+  for (; i + 64 <= d; i += 64) {  // R rows x 64 lanes in registers over the keys
+    __m512 a[R][4];
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_set1_ps(rescale[r]);
+      for (int c = 0; c < 4; ++c) a[r][c] = _mm512_mul_ps(scale, _mm512_loadu_ps(acc + r * d + i + 16 * c));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      for (int c = 0; c < 4; ++c) {
+        const __m512 v = _mm512_loadu_ps(values + j * d + i + 16 * c);
+        for (int r = 0; r < R; ++r) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * kKeyTile + j]), v, a[r][c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + r * d + i + 16 * c, a[r][c]);
+  }
+#endif
 #ifdef TRITONLLM_AVX2
   for (; i + 32 <= d; i += 32) {  // R rows x 32 lanes in registers over the keys
     __m256 a[R][4];
