@@ -34,7 +34,15 @@ def test_kernel_builds_on_this_machine() -> None:
 @pytest.mark.parametrize(
     ("capability", "flags", "expected"),
     [
+        (
+            "AVX512",
+            ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"],  # Zen 4/5, Sapphire Rapids
+            ["avx512_bf16", "avx512_vnni", "avx512", "avx2", "generic"],
+        ),
+        # Ice Lake: VNNI without BF16
         ("AVX512", ["avx2", "avx512f", "avx512_vnni"], ["avx512_vnni", "avx512", "avx2", "generic"]),
+        # BF16 without VNNI: the BF16 build needs both
+        ("AVX512", ["avx2", "avx512f", "avx512_bf16"], ["avx512", "avx2", "generic"]),
         ("AVX512", ["avx2", "avx512f"], ["avx512", "avx2", "generic"]),  # Skylake-X: AVX-512 without VNNI
         ("AVX2", ["avx2", "avx512f", "avx512_vnni"], ["avx2", "generic"]),  # torch held to AVX2 (ATen's env)
         ("AVX2", ["avx2", "avx_vnni"], ["avx2", "generic"]),

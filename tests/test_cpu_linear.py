@@ -13,7 +13,8 @@ from tritonllm.model.cpu_kernels import load_kernels, supported_isas
 from tritonllm.model.quant import BlockInt8Linear, expand_int8_blocks, quantize_int8_blocks
 
 # (tokens, out_features, in_features): int8 runs its dot product two tokens at a time (eight in the
-# avx512_vnni build) at every size; bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9.
+# VNNI builds) at every size; bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
+# activations on the avx512_bf16 build: its vdpbf16ps tiles at every size).
 # out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
 # exercise the edges.
 SHAPES = [
@@ -55,7 +56,7 @@ def test_int8_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
     expected = activations @ weight.T + bias
     packed = kernels.int8_pack(q, scale)
     tile_rows = quant.int8_tile_rows(packed)
-    assert tile_rows == (16 if isa == "avx512_vnni" else 8)
+    assert tile_rows == (16 if isa in ("avx512_vnni", "avx512_bf16") else 8)
     rows = packed.shape[0] * tile_rows
     assert rows == -(-n // tile_rows) * tile_rows
     padded_bias = torch.nn.functional.pad(bias, (0, rows - n))

@@ -2,8 +2,9 @@
 
 One build per instruction set, chosen at run time from the CPU's capability and flags (never
 `-march=native`: a cache or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|
-avx512_vnni` forces a variant (the tests use it for the portable path); `TRITONLLM_DISABLE_KERNELS=1` or a
-missing compiler falls back to PyTorch (attention) or to dequantized weights (linears).
+avx512_vnni|avx512_bf16` forces a variant (the tests use it for the portable path);
+`TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch (attention) or to dequantized
+weights (linears).
 """
 
 from __future__ import annotations
@@ -40,10 +41,14 @@ ISA_FLAGS = {
     "avx2": AVX2_FLAGS,
     "avx512": AVX512_FLAGS,
     "avx512_vnni": [*AVX512_FLAGS, "-mavx512vnni"],
+    "avx512_bf16": [*AVX512_FLAGS, "-mavx512vnni", "-mavx512bf16"],
 }
 CAPABILITY_ISAS = {"AVX512": ["avx512", "avx2", "generic"], "AVX2": ["avx2", "generic"]}
-# Variants that need a flag beyond torch's capability level (which stops at AVX-512F/BW/VL/DQ).
-FLAG_ISAS = {"avx512_vnni": ("AVX512", "avx512_vnni")}
+# Variants that need flags beyond torch's capability level (which stops at AVX-512F/BW/VL/DQ), best first.
+FLAG_ISAS = {
+    "avx512_bf16": ("AVX512", {"avx512_vnni", "avx512_bf16"}),
+    "avx512_vnni": ("AVX512", {"avx512_vnni"}),
+}
 
 
 def cpu_flags() -> list[str]:
@@ -63,7 +68,7 @@ def supported_isas() -> list[str]:
         return ["generic"]
     capability = torch.backends.cpu.get_cpu_capability()
     flags = set(cpu_flags())
-    extra = [isa for isa, (level, flag) in FLAG_ISAS.items() if capability == level and flag in flags]
+    extra = [isa for isa, (level, needed) in FLAG_ISAS.items() if capability == level and needed <= flags]
     return extra + CAPABILITY_ISAS.get(capability, ["generic"])
 
 

@@ -161,7 +161,7 @@ class Int8Linear(nn.Module):
 
 
 def int8_tile_rows(packed: torch.Tensor) -> int:
-    """Rows per tile of `int8_pack`'s output (8, or 16 in the avx512_vnni build; the last tile zero-padded):
+    """Rows per tile of `int8_pack`'s output (8, or 16 in the VNNI builds; the last tile zero-padded):
     each holds 32 int8 weights and an fp16 scale per row and block."""
     return packed.shape[2] // (INT8_BLOCK + 2)
 

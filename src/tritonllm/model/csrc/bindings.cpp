@@ -17,7 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged KV cache", release());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "causal attention of a step's prefill chunks (variable lengths) over a paged KV cache", release());
-  m.def("int8_pack", &int8_pack, "int8 weights in blocks of 32 + their scales, in the kernels' tiles (8 rows, 16 in the avx512_vnni build)",
+  m.def("int8_pack", &int8_pack, "int8 weights in blocks of 32 + their scales, in the kernels' tiles (8 rows, 16 in the VNNI builds)",
         pybind11::arg("weight"), pybind11::arg("scales"), release());
   m.def("int8_linear", &int8_linear, "x @ W^T for packed int8 weights (activations quantized per block of 32)",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());

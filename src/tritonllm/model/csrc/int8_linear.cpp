@@ -11,8 +11,8 @@
 // batch-1 decode reads every weight once per token, so this is what sets its speed. With more tokens a tile
 // stays in cache while the tokens go by two at a time: on AVX2 this beat expanding the weights to fp32 for
 // FMAs or for the BLAS GEMM at every batch size measured (1-512 tokens; benchmarks/README.md).
-// The avx512_vnni build packs its own layout: tiles of 16 rows, each block as the 16 rows' scales (fp16, row
-// order) then 8 chunks of 64 bytes (chunk c: inputs 4c..4c+3 of rows 0-15, 4 bytes a row), so that one
+// The VNNI builds (avx512_vnni, avx512_bf16) pack their own layout: tiles of 16 rows, each block as the 16 rows'
+// scales (fp16, row order) then 8 chunks of 64 bytes (chunk c: inputs 4c..4c+3 of rows 0-15, 4 bytes a row), so that one
 // vpdpbusd multiplies a chunk by 4 activations repeated 16 times and leaves each row's sum in its own lane.
 // Per token and block that is 8 dot products and one scale multiply-add for 16 rows, where 8-row chunks
 // took 4 and one for 8 rows (the scale work is per lane): 1.2x at 32 tokens, 1.3x at 128 (1 thread).
@@ -119,7 +119,7 @@ float quantize_block_scalar(const T* x, int64_t len, int8_t* q, int8_t* abs_q) {
 
 // Quantize `m` rows of `k` activations to int8 per block of 32 (zero-padded to `kp`), with one scale per
 // block; where asked, also their absolute values (`abs_xq`, AVX2's maddubs operand) and -128 x each block's
-// sum (`corrections`, what the avx512_vnni kernel's offset weights add).
+// sum (`corrections`, what the VNNI kernel's offset weights add).
 template <typename T>
 void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* abs_xq, float* xs,
                    int32_t* corrections) {
@@ -347,7 +347,7 @@ void check_packed(const at::Tensor& packed) {
 }  // namespace
 
 // w int8 [N, Kp] (Kp = K rounded up to 32, zero-padded), ws float32 [N, Kp/32] -> the kernels' layout,
-// uint8 [ceil(N/R), Kp/32, R * 34] for tiles of R rows (8, or 16 in the avx512_vnni build);
+// uint8 [ceil(N/R), Kp/32, R * 34] for tiles of R rows (8, or 16 in the VNNI builds);
 // rows past N are zeros. Scales are rounded to fp16 (exact for those of quant.quantize_int8_blocks, which
 // picks fp16 values).
 at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {

@@ -1,6 +1,6 @@
 // AVX2 helpers the kernels share. TRITONLLM_AVX2 is defined when the translation unit is compiled with
 // AVX2+FMA (cpu_kernels.py builds one variant per instruction set); without it the kernels run portable loops.
-// TRITONLLM_AVX512 and TRITONLLM_AVX512_VNNI add AVX-512 paths on top of the AVX2 ones.
+// TRITONLLM_AVX512, TRITONLLM_AVX512_VNNI and TRITONLLM_AVX512_BF16 add AVX-512 paths on top of the AVX2 ones.
 #pragma once
 #include <torch/extension.h>
 
@@ -16,9 +16,13 @@
 #if defined(TRITONLLM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define TRITONLLM_AVX512 1
 #endif
-// AVX-512 with VNNI (the avx512_vnni build): the int8 kernel's 512-bit u8 x s8 dot products.
+// AVX-512 with VNNI (the avx512_vnni and avx512_bf16 builds): the int8 kernel's 512-bit u8 x s8 dot products.
 #if defined(TRITONLLM_AVX512) && defined(__AVX512VNNI__)
 #define TRITONLLM_AVX512_VNNI 1
+#endif
+// AVX-512 with BF16 too (the avx512_bf16 build): 512-bit bf16 pair dot products (vdpbf16ps) with fp32 sums.
+#if defined(TRITONLLM_AVX512_VNNI) && defined(__AVX512BF16__)
+#define TRITONLLM_AVX512_BF16 1
 #endif
 
 namespace simd {
