@@ -20,7 +20,7 @@
 
 namespace {
 
-constexpr int64_t kQueryTile = 16;
+constexpr int64_t kQueryTile = 64;  // queries per task: each key tile loaded and converted serves 64 x group rows
 constexpr int64_t kKeyTile = 16;  // keys per step: two AVX2 vectors of scores per query row
 #ifdef TRITONLLM_AVX512
 constexpr int kScoreRows = 12, kValueRows = 6;  // 12 or 24 accumulators of AVX-512's 32 registers
