@@ -136,38 +136,33 @@ at::Tensor run_small(const at::Tensor& x, int64_t n, const c10::optional<at::Ten
   return out;
 }
 
-// One token is memory-bound: there the dot tiles were no faster than the AVX2 tile on 2 threads (0.87-1.22x over
-// four runs on a Zen 5 host, served batch 1 0.88 vs 1.12 of llama.cpp's speed), so it keeps the AVX2 tile.
 template <typename T>
 at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
-  const int64_t k = x.size(-1), m = x.numel() / k;
+  const int64_t k = x.size(-1);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const T* xp = x.data_ptr<T>();
   return run_small<T>(x, w.size(0), bias, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
-#ifdef TRITONLLM_AVX512_BF16
-    if constexpr (std::is_same_v<T, at::BFloat16>) {
-      if (m > 1) {
-        const uint16_t* xb = reinterpret_cast<const uint16_t*>(xp);
-        return bf16_dot_tile<decltype(rn)::value, decltype(rm)::value>(wp + row * k, xb + token * k, k, acc);
-      }
-    }
-#endif
     bf16_tile<decltype(rn)::value, decltype(rm)::value, T>(wp + row * k, xp + token * k, k, acc);
   });
 }
+
+#ifdef TRITONLLM_AVX512_BF16
+// bf16 activations x bf16 weights through the vdpbf16ps tiles, at any number of tokens.
+at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = x.size(-1);
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  return run_small<at::BFloat16>(x, w.size(0), bias, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
+    bf16_dot_tile<decltype(rn)::value, decltype(rm)::value>(wp + row * k, xp + token * k, k, acc);
+  });
+}
+#endif
 
 // The wide path: each tile of weight rows is expanded once to fp32 in a small buffer and multiplied by every
 // token with FMAs (weights from cache). Up to kSmallBatch tokens the few-token kernel is faster (bench_kernels,
 // 1 thread, SmolLM2's layers: 8 tokens 33.9 vs 41.7 ms; even at 16; slower from 32).
 constexpr int64_t kWideRows = 4, kWideTokens = 3;  // 12 accumulators + 3 activation vectors
 constexpr int64_t kSmallBatch = 8;
-// bf16 activations on the avx512_bf16 build take the vdpbf16ps tiles at every size: over SmolLM2's layers they
-// beat the fp32 expansion 2.2x at 16 tokens, 1.75x at 32 and 1.3x at 128 (2 threads).
-#ifdef TRITONLLM_AVX512_BF16
-constexpr bool kDotTilesAtEverySize = true;
-#else
-constexpr bool kDotTilesAtEverySize = false;
-#endif
 
 void expand_rows(const uint16_t* w, int64_t rows, int64_t k, float* dst) {
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);
@@ -265,8 +260,14 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   check_activations(x, w.size(1));
   check_bias(bias, w.size(0));
   const int64_t k = x.size(-1), m = x.numel() / k;
-  const bool bf16_dot = kDotTilesAtEverySize && x.scalar_type() == at::kBFloat16;
-  if (m > kSmallBatch && !bf16_dot) return wide_linear(x, w, bias);
+#ifdef TRITONLLM_AVX512_BF16
+  // bf16 activations take the dot tiles from 2 tokens at every size: over SmolLM2's layers they beat the fp32
+  // expansion 2.2x at 16 tokens, 1.75x at 32 and 1.3x at 128 (2 threads). One token is memory-bound: there they
+  // were no faster than the AVX2 tile on 2 threads (0.87-1.22x over four runs on a Zen 5 host, served batch 1
+  // 0.88 vs 1.12 of llama.cpp's speed), so it keeps the AVX2 tile.
+  if (x.scalar_type() == at::kBFloat16 && m > 1) return bf16_dot_linear(x, w, bias);
+#endif
+  if (m > kSmallBatch) return wide_linear(x, w, bias);
   if (x.scalar_type() == at::kFloat) return bf16_linear_impl<float>(x, w, bias);
   return bf16_linear_impl<at::BFloat16>(x, w, bias);
 }

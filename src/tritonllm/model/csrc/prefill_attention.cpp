@@ -21,7 +21,7 @@
 namespace {
 
 constexpr int64_t kQueryTile = 64;  // queries per task: each key tile loaded and converted serves 64 x group rows
-constexpr int64_t kKeyTile = 16;  // keys per step: two AVX2 vectors of scores per query row
+constexpr int64_t kKeyTile = 16;  // keys per step: one AVX-512 or two AVX2 vectors of scores per query row
 #ifdef TRITONLLM_AVX512
 constexpr int kScoreRows = 12, kValueRows = 6;  // 12 or 24 accumulators of AVX-512's 32 registers
 #else
@@ -53,7 +53,8 @@ void load_values(const C* src, int64_t count, float* out) {
 }
 
 // scores[r][j] = q_r . k_j for R rows and the tile's kKeyTile keys (padding keys score 0). Each step broadcasts
-// one query value per row against 16 keys' values: 2 loads + R broadcasts per 2R FMAs, and no horizontal sums.
+// one query value per row against 16 keys' values (AVX2: 2 loads + R broadcasts per 2R FMAs; AVX-512: 1 load
+// per R FMAs with the broadcasts folded in), and no horizontal sums.
 template <int R>
 void score_rows(const float* q, const float* kt, int64_t d, float* scores) {
 #if defined(TRITONLLM_AVX512)
