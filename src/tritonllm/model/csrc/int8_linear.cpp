@@ -55,8 +55,9 @@ inline int64_t scale_offset(int64_t b, int64_t r) { return b * kTileRows * (kBlo
 constexpr int64_t kTileRows = 8, kScaleBytes = kTileRows * 2;
 constexpr uint8_t kWeightOffset = 0;
 // Scales are stored in the order the AVX2 kernel's horizontal add leaves the rows' sums. The map is its own
-// inverse: slot s holds row kSlot[s], and row r sits in slot kSlot[r].
-constexpr int kSlot[kTileRows] = {0, 1, 4, 5, 2, 3, 6, 7};
+// inverse: slot s holds row kSlot[s], and row r sits in slot kSlot[r] (one permute puts a tile's sums back in
+// row order before they are written straight into the output).
+alignas(32) constexpr int32_t kSlot[kTileRows] = {0, 1, 4, 5, 2, 3, 6, 7};
 
 inline int64_t weight_offset(int64_t b, int64_t r, int64_t i) {
   return b * kTileRows * (kBlock + 2) + kScaleBytes + (i / 8) * 64 + (r / 4) * 32 + (r % 4) * 8 + i % 8;
@@ -73,6 +74,24 @@ inline float block_scale(const uint8_t* tile, int64_t b, int64_t r) {
 }
 
 #ifdef TRITONLLM_AVX2
+inline void store_floats(float* out, __m256 v) { _mm256_storeu_ps(out, v); }
+#ifdef TRITONLLM_AVX512
+inline void store_floats(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
+#endif
+
+// A tile's rows (one vector: 8 lanes, 16 in the VNNI builds) for one token, written straight into the output:
+// fp32 as is, bf16 rounded.
+template <typename T, typename Vector>
+inline void store_rows(Vector rows, T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    store_floats(out, rows);
+  } else {
+    float lanes[kTileRows];
+    store_floats(lanes, rows);
+    for (int64_t r = 0; r < kTileRows; ++r) out[r] = static_cast<T>(lanes[r]);
+  }
+}
+
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -247,17 +266,7 @@ void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, c
       case 2: vnni_tile<2>(tile, nb, x, c, s, acc); break;
       default: vnni_tile<1>(tile, nb, x, c, s, acc); break;
     }
-    for (int64_t i = 0; i < tokens; ++i) {
-      const __m512 row = _mm512_add_ps(acc[i], bias_lanes);
-      T* dst = out + (m0 + i) * stride;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_storeu_ps(dst, row);
-      } else {
-        float lanes[kTileRows];
-        _mm512_storeu_ps(lanes, row);
-        for (int64_t r = 0; r < kTileRows; ++r) dst[r] = static_cast<T>(lanes[r]);
-      }
-    }
+    for (int64_t i = 0; i < tokens; ++i) store_rows(_mm512_add_ps(acc[i], bias_lanes), out + (m0 + i) * stride);
   }
 }
 #endif
@@ -309,25 +318,24 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
     for (int64_t t = begin; t < end; ++t)
       vnni_tiles(wp + t * nb * kTileBlock, nb, kp, xqp, correctionp, xsp, m, bp ? bp + t * kTileRows : nullptr,
                  op + t * kTileRows, n);
-#else
-    std::vector<float> rows(m * kTileRows);  // [token][row]
+#elif defined(TRITONLLM_AVX2)
+    const __m256i row_order = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kSlot));  // slots -> rows
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * nb * kTileBlock;
-#if defined(TRITONLLM_AVX2)
+      const __m256 bias_rows = bp ? _mm256_loadu_ps(bp + t * kTileRows) : _mm256_setzero_ps();
       for (int64_t m0 = 0; m0 < m; m0 += 2) {
         __m256 acc[2];
         const int64_t tokens = std::min<int64_t>(2, m - m0);
         if (tokens == 2) packed_tile<2>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
         else packed_tile<1>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
-        for (int64_t i = 0; i < tokens; ++i) {
-          float slots[kTileRows];
-          _mm256_storeu_ps(slots, acc[i]);
-          for (int64_t s = 0; s < kTileRows; ++s) rows[(m0 + i) * kTileRows + kSlot[s]] = slots[s];
-        }
+        for (int64_t i = 0; i < tokens; ++i)
+          store_rows(_mm256_add_ps(_mm256_permutevar8x32_ps(acc[i], row_order), bias_rows), op + (m0 + i) * n + t * kTileRows);
       }
+    }
 #else
-      portable_tile(tile, nb, xqp, xsp, m, rows.data());
-#endif
+    std::vector<float> rows(m * kTileRows);  // [token][row]
+    for (int64_t t = begin; t < end; ++t) {
+      portable_tile(wp + t * nb * kTileBlock, nb, xqp, xsp, m, rows.data());
       for (int64_t i = 0; i < m; ++i)
         for (int64_t r = 0; r < kTileRows; ++r) {
           const int64_t row = t * kTileRows + r;
