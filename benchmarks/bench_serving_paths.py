@@ -48,7 +48,10 @@ def tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
     return t
 
 
-def inputs_for(path: str, prompt_ids: list[int], max_tokens: int) -> list[grpcclient.InferInput]:
+def inputs_for(
+    path: str, prompt_ids: list[int], max_tokens: int, streaming: bool = True
+) -> list[grpcclient.InferInput]:
+    """Greedy, exactly `max_tokens`; unstreamed `tensorrt_llm` requests leave the prompt out of the output."""
     n = np.array([[max_tokens]], dtype=np.int32)
     if path == "tensorrt_llm":
         return [
@@ -57,7 +60,8 @@ def inputs_for(path: str, prompt_ids: list[int], max_tokens: int) -> list[grpccl
             tensor("request_output_len", n),
             tensor("min_tokens", n),
             tensor("runtime_top_k", np.array([[1]], dtype=np.int32)),
-            tensor("streaming", np.array([[True]])),
+            tensor("streaming", np.array([[streaming]])),
+            tensor("exclude_input_in_output", np.array([[not streaming]])),
         ]
     return [
         tensor("text_input", np.array([[PROMPT.encode()]], dtype=object)),

@@ -10,6 +10,10 @@ target: >= 0.95), and the CPU each process spent per generated token (this clien
 into the engine's threads and the response sender): on a machine whose cores the engine's threads
 already fill, every millisecond of it slows the engine. Writes `results/triton_cost.json`.
 
+Streamed by default (a response per token, as interactive clients ask); `--no-streaming` asks for one
+response per request holding every token (offline and batch clients), written to
+`results/triton_cost_unstreamed.json`.
+
 The client (`--client lean`, the default) is raw gRPC that asks for `output_ids` and `sequence_length`
 only, as NVIDIA's client scripts do; `--client tritonclient` reads every output through `tritonclient`,
 which costs this process about 0.7 ms of CPU per token on the 2-core machine of the README.
@@ -152,7 +156,7 @@ def concurrently(one: Callable[[int, list[int]], None], batch_prompts: list[list
     return time.perf_counter() - started
 
 
-def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) -> float:
+def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int, streaming: bool) -> float:
     """Output tokens/s with `tritonclient`'s stream per request, reading every output it sends."""
     counts = [0] * len(batch_prompts)
 
@@ -161,7 +165,9 @@ def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) ->
         client = grpcclient.InferenceServerClient(url)
         client.start_stream(callback=lambda result, error: done.put((result, error)))
         client.async_stream_infer(
-            "tensorrt_llm", inputs_for("tensorrt_llm", prompt, max_tokens), enable_empty_final_response=True
+            "tensorrt_llm",
+            inputs_for("tensorrt_llm", prompt, max_tokens, streaming),
+            enable_empty_final_response=True,
         )
         while True:
             result, error = done.get(timeout=TIMEOUT_S)
@@ -178,10 +184,10 @@ def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int) ->
     return sum(counts) / seconds
 
 
-def lean_request(prompt: list[int], max_tokens: int) -> service_pb2.ModelInferRequest:
+def lean_request(prompt: list[int], max_tokens: int, streaming: bool) -> service_pb2.ModelInferRequest:
     """The request of `through_triton`, built straight as protobuf, asking for two outputs only."""
     request = service_pb2.ModelInferRequest(model_name="tensorrt_llm")
-    for t in inputs_for("tensorrt_llm", prompt, max_tokens):
+    for t in inputs_for("tensorrt_llm", prompt, max_tokens, streaming):
         value = t._get_content()  # noqa: SLF001 -- the raw bytes tritonclient would send
         request.inputs.append(
             service_pb2.ModelInferRequest.InferInputTensor(
@@ -195,14 +201,15 @@ def lean_request(prompt: list[int], max_tokens: int) -> service_pb2.ModelInferRe
     return request
 
 
-def through_triton_lean(url: str, batch_prompts: list[list[int]], max_tokens: int) -> float:
+def through_triton_lean(url: str, batch_prompts: list[list[int]], max_tokens: int, streaming: bool) -> float:
     """Output tokens/s with one raw gRPC stream per request, reading `sequence_length` from raw bytes."""
     counts = [0] * len(batch_prompts)
     with grpc.insecure_channel(url) as channel:
         stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer
 
         def one(i: int, prompt: list[int]) -> None:
-            for response in stream(iter([lean_request(prompt, max_tokens)]), timeout=TIMEOUT_S):
+            request = lean_request(prompt, max_tokens, streaming)
+            for response in stream(iter([request]), timeout=TIMEOUT_S):
                 if response.error_message:
                     raise RuntimeError(response.error_message)
                 names = [o.name for o in response.infer_response.outputs]
@@ -227,6 +234,12 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto", choices=("auto", *TORCH_QUANTIZATIONS))
     parser.add_argument("--client", default="lean", choices=("lean", "tritonclient"))
+    parser.add_argument(
+        "--streaming",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a response per token (default) or, with --no-streaming, one per request",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     model = model_path_or_default(args.model)
@@ -257,7 +270,7 @@ def main() -> int:
         try:
             warm = prompts(1, 10**6, args.prompt_tokens)  # first steps (kernels, allocations) on both
             in_process(engine, warm, 4, "warm")
-            triton_run(server.grpc_url, warm, 4)
+            triton_run(server.grpc_url, warm, 4, args.streaming)
             run = 0
             for r in range(args.rounds):
                 for batch in batches:
@@ -269,7 +282,7 @@ def main() -> int:
                         if mode == "in_process":
                             tps = in_process(engine, batch_prompts, args.max_tokens, f"r{run}")
                         else:
-                            tps = triton_run(server.grpc_url, batch_prompts, args.max_tokens)
+                            tps = triton_run(server.grpc_url, batch_prompts, args.max_tokens, args.streaming)
                         spent = meter.per_token_ms(before, tps * (time.perf_counter() - started))
                         results[batch][mode].append(tps)
                         cpu_ms[batch][mode].append(spent)
@@ -285,6 +298,7 @@ def main() -> int:
         "dtype": args.dtype,
         "quantization": args.quantization,
         "client": args.client,
+        "streaming": args.streaming,
         "threads": args.threads,
         "load_average": os.getloadavg(),
         "prompt_tokens": args.prompt_tokens,
@@ -304,7 +318,8 @@ def main() -> int:
             print(f"  {mode}, CPU ms per token: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "triton_cost.json").write_text(json.dumps(summary, indent=2))
+    name = "triton_cost.json" if args.streaming else "triton_cost_unstreamed.json"
+    (out / name).write_text(json.dumps(summary, indent=2))
     return 0
 
 
