@@ -213,7 +213,11 @@ constexpr int kVnniTokens = 8;  // tokens per pass over a tile: 8 accumulators +
 template <int RM>
 void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t* corrections, const float* xs,
                __m512* acc) {
-  for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
+  // Sums in registers: GCC left the token loop rolled with the sums in memory (a load, FMA and store per token
+  // and block): unrolled, SmolLM2's 30 layers 1.16x faster at 512 tokens, 1.04x at 32-128 (Zen 4, 2 threads).
+  __m512 sums[RM];
+#pragma GCC unroll 8
+  for (int m = 0; m < RM; ++m) sums[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = tile + b * kTileBlock;
     // A single token keeps up with the hardware prefetcher alone (body at 1 token 1.1-1.3x faster without,
@@ -225,6 +229,7 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
     __m512i w[8];
     for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(block + kScaleBytes + kChunkBytes * c);
     const __m512 row_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+#pragma GCC unroll 8
     for (int m = 0; m < RM; ++m) {
       const int8_t* x = xq + (m * nb + b) * kBlock;
       // Few tokens leave too few independent dot products to hide vpdpbusd's latency: split each in 4 chains.
@@ -239,9 +244,11 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
       }
       __m512i dot = dots[0];
       for (int j = 1; j < kChains; ++j) dot = _mm512_add_epi32(dot, dots[j]);
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(row_scales, _mm512_set1_ps(xs[m * nb + b])), acc[m]);
+      sums[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(row_scales, _mm512_set1_ps(xs[m * nb + b])), sums[m]);
     }
   }
+#pragma GCC unroll 8
+  for (int m = 0; m < RM; ++m) acc[m] = sums[m];
 }
 
 // out[i][r] (+ bias[r]) for the tile's 16 rows r and tokens i in [0, m), kVnniTokens at a time; out and bias

@@ -6,10 +6,14 @@
 // times the query heads of the kv head's group) over tiles of up to kKeyTile keys, converted to fp32 once per
 // tile, with an online softmax (flash attention's running max and sum). Tasks differ in cost (later tiles see
 // more keys), so threads take them from a shared counter, longest first.
+// The avx512_bf16 build runs bf16 caches (and head sizes that are a multiple of 64) on vdpbf16ps: queries and
+// probabilities rounded to bf16 (as the values already are), 32 products per instruction into fp32 sums, twice
+// the fp32 FMA's, with key and value tiles laid out in pairs as the instruction reads them (Bf16PairTiles).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -33,23 +37,24 @@ struct PrefillTask {
   int64_t keys;                    // keys its last query sees: the task's cost
 };
 
-// Up to kKeyTile keys of the cache (T or bf16, [n, d]) as fp32: transposed [d, kKeyTile] (zero-padded) for the
-// scores, row-major [n, d] for the values.
+// Up to kKeyTile keys of the cache (T or bf16; key j's row at cache + at[j]) as fp32, transposed [d, kKeyTile]
+// and zero-padded, for the scores.
 template <typename C>
-void load_keys_transposed(const C* src, int64_t n, int64_t d, float* kt) {
+void load_keys_transposed(const C* cache, const int64_t* at, int64_t n, int64_t d, float* kt) {
   std::fill(kt, kt + d * kKeyTile, 0.f);
   for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < d; ++i) kt[i * kKeyTile + j] = simd::to_float(src[j * d + i]);
+    for (int64_t i = 0; i < d; ++i) kt[i * kKeyTile + j] = simd::to_float(cache[at[j] + i]);
 }
 
+// A row of d values as fp32.
 template <typename C>
-void load_values(const C* src, int64_t count, float* out) {
+void load_values(const C* src, int64_t d, float* out) {
   int64_t i = 0;
 #ifdef TRITONLLM_AVX2
   if constexpr (simd::kVectorLoad<C>)
-    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, simd::load8(src + i));
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(out + i, simd::load8(src + i));
 #endif
-  for (; i < count; ++i) out[i] = simd::to_float(src[i]);
+  for (; i < d; ++i) out[i] = simd::to_float(src[i]);
 }
 
 // scores[r][j] = q_r . k_j for R rows and the tile's kKeyTile keys (padding keys score 0). Each step broadcasts
@@ -138,8 +143,205 @@ void accumulate_rows(const float* p, const float* values, int64_t n, int64_t d, 
     }
 }
 
-// T: the queries' and output's dtype; C: the cache's (T, or bf16 under fp32 queries).
-template <typename T, typename C>
+#ifdef TRITONLLM_AVX512
+// exp(x) for x <= 88 (-inf and below -87 give ~0, masked off by the caller): 2^k x a degree-7 polynomial in the
+// rest (Cephes' expf, ~1e-7 relative), inline so that the softmax keeps its registers across the call.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  f = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), f);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, f), f, _mm512_add_ps(f, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, k);
+}
+#endif
+
+// One step of a row's online softmax over a tile of kKeys scores: the first `seen` become exp(score - the new
+// running max), the rest 0; the running max and sum move on. Returns the factor for the row's earlier sums.
+template <int64_t kKeys>
+inline float softmax_step(float* row, int64_t seen, float& row_max, float& row_sum) {
+  float peak = row_max, total = 0.f;
+#ifdef TRITONLLM_AVX512
+  static_assert(kKeys % 16 == 0);
+  constexpr int kVectors = kKeys / 16;
+  __mmask16 live[kVectors];
+  __m512 scores[kVectors], top = _mm512_set1_ps(peak);
+  for (int v = 0; v < kVectors; ++v) {
+    const int64_t count = std::clamp<int64_t>(seen - 16 * v, 0, 16);
+    live[v] = static_cast<__mmask16>((1u << count) - 1);
+    scores[v] = _mm512_loadu_ps(row + 16 * v);
+    top = _mm512_mask_max_ps(top, live[v], top, scores[v]);
+  }
+  peak = _mm512_reduce_max_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int v = 0; v < kVectors; ++v) {
+    const __m512 e = _mm512_maskz_mov_ps(live[v], exp16(_mm512_sub_ps(scores[v], _mm512_set1_ps(peak))));
+    _mm512_storeu_ps(row + 16 * v, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  total = _mm512_reduce_add_ps(sum);
+  // exp(-inf) here is exp(-87), ~1e-38: the row's first tile scales zeros either way.
+  const float rescale = _mm512_cvtss_f32(exp16(_mm512_set1_ps(row_max - peak)));  // no libm call: registers stay
+#else
+  for (int64_t j = 0; j < seen; ++j) peak = std::max(peak, row[j]);
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < kKeys; ++j) total += (row[j] = j < seen ? std::exp(row[j] - peak) : 0.f);
+  const float rescale = std::exp(row_max - peak);  // 0 for the row's first tile (its max was -inf)
+#endif
+  row_sum = row_sum * rescale + total;
+  row_max = peak;
+  return rescale;
+}
+
+// One key tile's operands in fp32 (keys transposed, values row-major) for score_rows and accumulate_rows.
+template <typename C>
+struct Fp32Tiles {
+  static constexpr int64_t kKeys = kKeyTile;
+  std::vector<float> query, kt, values;  // [rows, d] scaled, [d, kKeyTile], [kKeyTile, d]
+  int64_t d;
+
+  Fp32Tiles(int64_t rows, int64_t d) : query(rows * d), kt(d * kKeyTile), values(kKeyTile * d), d(d) {}
+
+  template <typename T>
+  void set_query(int64_t r, const T* src, float scale) {
+    for (int64_t j = 0; j < d; ++j) query[r * d + j] = simd::to_float(src[j]) * scale;
+  }
+  // The tile's `run` keys and values: key j's rows at k_cache + at[j] and v_cache + at[j].
+  void load(const C* k_cache, const C* v_cache, const int64_t* at, int64_t run) {
+    load_keys_transposed(k_cache, at, run, d, kt.data());
+    for (int64_t j = 0; j < run; ++j) load_values(v_cache + at[j], d, &values[j * d]);
+  }
+  // scores[r] for rows [first, rows): the tile's kKeyTile keys each.
+  void score(int64_t first, int64_t rows, float* scores) const {
+    int64_t r = first;
+    for (; r + kScoreRows <= rows; r += kScoreRows) score_rows<kScoreRows>(&query[r * d], kt.data(), d, &scores[r * kKeyTile]);
+    for (; r < rows; ++r) score_rows<1>(&query[r * d], kt.data(), d, &scores[r * kKeyTile]);
+  }
+  // acc[r] = acc[r] * rescale[r] + probs[r] . values for rows [first, rows) over the tile's `run` keys.
+  void accumulate(int64_t first, int64_t rows, const float* probs, int64_t run, const float* rescale, float* acc) {
+    int64_t r = first;
+    for (; r + kValueRows <= rows; r += kValueRows)
+      accumulate_rows<kValueRows>(&probs[r * kKeyTile], values.data(), run, d, &rescale[r], &acc[r * d]);
+    for (; r < rows; ++r) accumulate_rows<1>(&probs[r * kKeyTile], values.data(), run, d, &rescale[r], &acc[r * d]);
+  }
+};
+
+#ifdef TRITONLLM_AVX512_BF16
+inline __m512bh as_bf16(__m512i v) { return (__m512bh)v; }
+
+// vpermt2w indices that interleave two rows of 32 bf16 lane by lane (index i < 32 picks lane i of the first row,
+// 32 + i lane i of the second): lanes 0-15 of each, then lanes 16-31.
+constexpr std::array<uint16_t, 32> interleave_lanes(uint16_t first) {
+  std::array<uint16_t, 32> picks{};
+  for (uint16_t i = 0; i < 16; ++i) picks[2 * i] = first + i, picks[2 * i + 1] = 32 + first + i;
+  return picks;
+}
+alignas(64) constexpr std::array<uint16_t, 32> kPickLow = interleave_lanes(0), kPickHigh = interleave_lanes(16);
+
+constexpr int64_t kPairKeys = 32;  // keys per bf16 tile: the softmax's per-row work spread over twice the keys
+
+// scores[r][j] = q_r . k_j from bf16 pairs: q [R, d/2] (2 dims a word), kt [d/2, kPairKeys] (key j's dims 2p and
+// 2p+1 at word p * kPairKeys + j). One vdpbf16ps per row, pair of dims and 16 keys.
+template <int R>
+void score_rows_bf16(const uint32_t* q, const uint32_t* kt, int64_t pairs, float* scores) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512bh k0 = as_bf16(_mm512_loadu_si512(kt + p * kPairKeys));
+    const __m512bh k1 = as_bf16(_mm512_loadu_si512(kt + p * kPairKeys + 16));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qr = as_bf16(_mm512_set1_epi32(q[r * pairs + p]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qr, k0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qr, k1);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(scores + r * kPairKeys, acc[r][0]);
+    _mm512_storeu_ps(scores + r * kPairKeys + 16, acc[r][1]);
+  }
+}
+
+// acc[r] = acc[r] * rescale[r] + sum_j p[r][j] * v_j for R rows: p [R, kPairKeys / 2] (keys 2m and 2m+1 at
+// word m), values [kPairKeys / 2, d, 2] (value lane l of keys 2m and 2m+1 side by side).
+template <int R>
+void accumulate_rows_bf16(const uint32_t* p, const uint16_t* values, int64_t pairs, int64_t d, const float* rescale,
+                          float* acc) {
+  constexpr int64_t kRowWords = kPairKeys / 2;
+  for (int64_t i = 0; i < d; i += 64) {  // R rows x 64 lanes in registers over the key pairs
+    __m512 a[R][4];
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_set1_ps(rescale[r]);
+      for (int c = 0; c < 4; ++c) a[r][c] = _mm512_mul_ps(scale, _mm512_loadu_ps(acc + r * d + i + 16 * c));
+    }
+    for (int64_t m = 0; m < pairs; ++m) {
+      for (int c = 0; c < 4; ++c) {
+        const __m512bh v = as_bf16(_mm512_loadu_si512(values + m * 2 * d + 2 * (i + 16 * c)));
+        for (int r = 0; r < R; ++r) a[r][c] = _mm512_dpbf16_ps(a[r][c], as_bf16(_mm512_set1_epi32(p[r * kRowWords + m])), v);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + r * d + i + 16 * c, a[r][c]);
+  }
+}
+
+// A key tile's operands as vdpbf16ps reads them (a bf16 cache; d a multiple of 64): queries and
+// probabilities rounded to bf16, keys and values in pairs. Padding keys are zeros.
+struct Bf16PairTiles {
+  static constexpr int64_t kKeys = kPairKeys;
+  std::vector<uint32_t> query, kt, probs;  // [rows, d/2], [d/2, kKeys], [rows, kKeys/2]: bf16 pairs
+  std::vector<uint16_t> values;            // [kKeys/2, d, 2]
+  int64_t d;
+
+  Bf16PairTiles(int64_t rows, int64_t d)
+      : query(rows * d / 2), kt(d / 2 * kKeys), probs(rows * kKeys / 2), values(kKeys * d), d(d) {}
+
+  template <typename T>
+  void set_query(int64_t r, const T* src, float scale) {
+    auto* out = reinterpret_cast<at::BFloat16*>(&query[r * d / 2]);
+    for (int64_t j = 0; j < d; ++j) out[j] = at::BFloat16(simd::to_float(src[j]) * scale);
+  }
+  void load(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int64_t* at, int64_t run) {
+    const int64_t pairs = d / 2;
+    for (int64_t j = 0; j < kKeys; ++j) {
+      const auto* words = reinterpret_cast<const uint32_t*>(k_cache + at[std::min(j, run - 1)]);
+      for (int64_t p = 0; p < pairs; ++p) kt[p * kKeys + j] = j < run ? words[p] : 0;
+    }
+    const __m512i pick_low = _mm512_load_si512(kPickLow.data()), pick_high = _mm512_load_si512(kPickHigh.data());
+    const auto row = [&](int64_t j, int64_t i) {
+      return j < run ? _mm512_loadu_si512(v_cache + at[j] + i) : _mm512_setzero_si512();
+    };
+    for (int64_t m = 0; m < kKeys / 2; ++m)
+      for (int64_t i = 0; i < d; i += 32) {
+        const __m512i first = row(2 * m, i), second = row(2 * m + 1, i);
+        _mm512_storeu_si512(&values[m * 2 * d + 2 * i], _mm512_permutex2var_epi16(first, pick_low, second));
+        _mm512_storeu_si512(&values[m * 2 * d + 2 * i + 32], _mm512_permutex2var_epi16(first, pick_high, second));
+      }
+  }
+  void score(int64_t first, int64_t rows, float* scores) const {
+    const int64_t pairs = d / 2;
+    int64_t r = first;
+    for (; r + kScoreRows <= rows; r += kScoreRows) score_rows_bf16<kScoreRows>(&query[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
+    for (; r < rows; ++r) score_rows_bf16<1>(&query[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
+  }
+  void accumulate(int64_t first, int64_t rows, const float* p, int64_t run, const float* rescale, float* acc) {
+    for (int64_t r = first; r < rows; ++r)
+      _mm512_storeu_si512(&probs[r * kKeys / 2],
+                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + r * kKeys + 16), _mm512_loadu_ps(p + r * kKeys)));
+    const int64_t pairs = (run + 1) / 2;
+    int64_t r = first;
+    for (; r + kValueRows <= rows; r += kValueRows)
+      accumulate_rows_bf16<kValueRows>(&probs[r * kKeys / 2], values.data(), pairs, d, &rescale[r], &acc[r * d]);
+    for (; r < rows; ++r) accumulate_rows_bf16<1>(&probs[r * kKeys / 2], values.data(), pairs, d, &rescale[r], &acc[r * d]);
+  }
+};
+#endif
+
+// T: the queries' and output's dtype; C: the cache's (T, or bf16 under fp32 queries); Tiles: the operands'
+// layout and dot products (Fp32Tiles, or Bf16PairTiles for a bf16 cache in the avx512_bf16 build).
+template <typename T, typename C, typename Tiles>
 void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                     const at::Tensor& block_tables, const at::Tensor& query_starts, const at::Tensor& context_lens,
                     double scale, at::Tensor& out) {
@@ -168,46 +370,37 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
   const int64_t n = static_cast<int64_t>(tasks.size());
   at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     const int64_t rows_max = kQueryTile * group;
-    std::vector<float> query(rows_max * d), acc(rows_max * d), kt(d * kKeyTile), values(kKeyTile * d);
-    std::vector<float> row_max(rows_max), row_sum(rows_max), rescale(rows_max), scores(rows_max * kKeyTile);
+    Tiles tiles_of_task(rows_max, d);
+    constexpr int64_t kKeys = Tiles::kKeys;
+    std::vector<float> acc(rows_max * d), row_max(rows_max), row_sum(rows_max), rescale(rows_max), scores(rows_max * kKeys);
+    std::vector<int64_t> row_end(rows_max);  // keys [0, row_end[r]) are row r's
+    int64_t at[kKeys];                       // the key tile's rows in the caches
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
       const PrefillTask& task = tasks[i];
       const int64_t cached = task.keys - task.last;
       const int64_t rows = (task.last - task.first) * group;  // row r: query first + r / group, head r % group
       for (int64_t r = 0; r < rows; ++r) {
         const T* src = qp + ((starts[task.seq] + task.first + r / group) * heads + task.head * group + r % group) * d;
-        for (int64_t j = 0; j < d; ++j) query[r * d + j] = simd::to_float(src[j]) * static_cast<float>(scale);
+        tiles_of_task.set_query(r, src, static_cast<float>(scale));
+        row_end[r] = cached + task.first + r / group + 1;
       }
       std::fill(acc.begin(), acc.begin() + rows * d, 0.f);
       std::fill(row_max.begin(), row_max.begin() + rows, -std::numeric_limits<float>::infinity());
       std::fill(row_sum.begin(), row_sum.begin() + rows, 0.f);
       const int64_t* table = tables + task.seq * width;
       for (int64_t t = 0; t < task.keys;) {
-        const int64_t in_block = t % block_size;
-        const int64_t run = std::min({kKeyTile, block_size - in_block, task.keys - t});
-        const int64_t offset = task.head * per_head + (table[t / block_size] * block_size + in_block) * d;
-        load_keys_transposed(kp + offset, run, d, kt.data());
-        load_values(vp + offset, run * d, values.data());
+        const int64_t run = std::min(kKeys, task.keys - t);
+        for (int64_t j = 0; j < run; ++j)
+          at[j] = task.head * per_head + (table[(t + j) / block_size] * block_size + (t + j) % block_size) * d;
+        tiles_of_task.load(kp, vp, at, run);
         // Rows before the diagonal see the whole run; only the tile's first rows may see none of it.
         const int64_t first_row = std::max<int64_t>(0, (t - cached - task.first) * group);
-        int64_t r = first_row;
-        for (; r + kScoreRows <= rows; r += kScoreRows) score_rows<kScoreRows>(&query[r * d], kt.data(), d, &scores[r * kKeyTile]);
-        for (; r < rows; ++r) score_rows<1>(&query[r * d], kt.data(), d, &scores[r * kKeyTile]);
-        for (r = first_row; r < rows; ++r) {
-          float* row = &scores[r * kKeyTile];
-          const int64_t seen = std::min(run, cached + task.first + r / group + 1 - t);  // >= 1 from first_row on
-          float peak = row_max[r];
-          for (int64_t j = 0; j < seen; ++j) peak = std::max(peak, row[j]);
-          float total = 0.f;
-#pragma omp simd reduction(+ : total)
-          for (int64_t j = 0; j < kKeyTile; ++j) total += (row[j] = j < seen ? std::exp(row[j] - peak) : 0.f);
-          rescale[r] = std::exp(row_max[r] - peak);  // 0 for the row's first run (its max was -inf)
-          row_sum[r] = row_sum[r] * rescale[r] + total;
-          row_max[r] = peak;
+        tiles_of_task.score(first_row, rows, scores.data());
+        for (int64_t r = first_row; r < rows; ++r) {
+          const int64_t seen = std::min(run, row_end[r] - t);  // >= 1 from first_row on
+          rescale[r] = softmax_step<kKeys>(&scores[r * kKeys], seen, row_max[r], row_sum[r]);
         }
-        for (r = first_row; r + kValueRows <= rows; r += kValueRows)
-          accumulate_rows<kValueRows>(&scores[r * kKeyTile], values.data(), run, d, &rescale[r], &acc[r * d]);
-        for (; r < rows; ++r) accumulate_rows<1>(&scores[r * kKeyTile], values.data(), run, d, &rescale[r], &acc[r * d]);
+        tiles_of_task.accumulate(first_row, rows, scores.data(), run, rescale.data(), acc.data());
         t += run;
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -245,12 +438,19 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
     TORCH_CHECK(s[i + 1] > s[i] && l[i] >= s[i + 1] - s[i] && l[i] <= tables.size(1) * k_cache.size(2),
                 errors::message("chunk ", i, ": needs 1 <= queries <= keys <= its table's capacity"));
   auto out = at::empty_like(q);
+#ifdef TRITONLLM_AVX512_BF16
+  if (k_cache.scalar_type() == at::kBFloat16 && q.size(2) % 64 == 0) {
+    if (bf16_cache) prefill_kernel<float, at::BFloat16, Bf16PairTiles>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    else prefill_kernel<at::BFloat16, at::BFloat16, Bf16PairTiles>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    return out;
+  }
+#endif
   if (bf16_cache) {
-    prefill_kernel<float, at::BFloat16>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    prefill_kernel<float, at::BFloat16, Fp32Tiles<at::BFloat16>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
     return out;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_prefill_attention", [&] {
-    prefill_kernel<scalar_t, scalar_t>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    prefill_kernel<scalar_t, scalar_t, Fp32Tiles<scalar_t>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
   });
   return out;
 }
