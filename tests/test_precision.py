@@ -20,8 +20,12 @@ from tritonllm.model.cpu_kernels import load_kernels
 
 pytestmark = pytest.mark.slow
 
+# Greedy agreement runs on these 6 texts and the load test's 16 prompts, 24 tokens each: on 6 x 16 tokens one
+# near-tie flipping early moved the mean by 0.05-0.2 with any change to the arithmetic (bf16 products in the
+# prefill attention: 0.83 -> 0.65 there, 0.795 -> 0.780 on these 22 x 24).
 TEXTS = [*SMOLLM2_TEXTS, "The three primary colours are", "import numpy as np\n"]
-MAX_NEW = 16
+LOADTEST_PROMPTS = Path(__file__).parents[1] / "loadtest" / "tritonllm_loadtest" / "data" / "prompts.jsonl"
+MAX_NEW = 24
 EVAL_TOKENS = 384  # of real English text: the docstring of Python's json module
 # Perplexity / fp32 perplexity, measured on this text: bf16 1.0046, int8 1.0068, int8 with bf16
 # activations 1.0130, int8_wo 1.0061, fp8 1.0567. Bounds: bf16's is the 1% it must keep; the others
@@ -33,10 +37,10 @@ MAX_PERPLEXITY_RATIO = {
     ("float32", "int8_wo"): 1.01,
     ("float32", "fp8"): 1.07,
 }
-# Mean fraction of greedy tokens before the first divergence (measured: bf16 vs HF bf16 0.60, int8 vs
-# HF fp32 0.70 with the int8 lm_head, 0.79 with a bf16 one; on 13 other prompts x 24 tokens the two heads
-# measured 0.70 and 0.71); 16 tokens of 6 prompts, so one early near-tie moves it by ~0.05.
-MIN_AGREEMENT = {"bf16_vs_hf_bf16": 0.55, "int8_vs_hf": 0.65}
+# Mean fraction of greedy tokens before the first divergence, 22 prompts x 24 tokens (measured on Zen 4,
+# 2026-12-02: bf16 vs HF bf16 0.777 with fp32 products in the prefill attention, 0.831 with the avx512_bf16
+# build's bf16 ones; int8 vs HF fp32 0.795 and 0.780; a variant of the latter measured 0.706).
+MIN_AGREEMENT = {"bf16_vs_hf_bf16": 0.65, "int8_vs_hf": 0.65}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +71,8 @@ def test_perplexity_within_measured_bound(
 @pytest.fixture(scope="module")
 def prompts(smollm2_dir: Path) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    return [tokenizer(t)["input_ids"] for t in TEXTS]
+    loadtest = [json.loads(line)["prompt"] for line in LOADTEST_PROMPTS.read_text().splitlines() if line]
+    return [tokenizer(t)["input_ids"] for t in [*TEXTS, *loadtest]]
 
 
 def test_bf16_agrees_with_hf_in_bf16(smollm2_dir: Path, prompts: list[list[int]]) -> None:
