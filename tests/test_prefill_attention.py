@@ -67,7 +67,7 @@ def test_prefill_kernel_matches_torch(isa, dtypes, threads, chunks) -> None:
     expected = torch_prefill_attention(
         q.float(), k_cache.float(), v_cache.float(), tables, starts, lengths, 0.125
     )
-    # bf16 products: bf16 queries, or a bf16 cache in the avx512_bf16 build (queries and probabilities rounded)
+    # bf16 products: bf16 queries, or a bf16 cache in the avx512_bf16 build (bf16 queries and probabilities)
     bf16_products = dtype == torch.bfloat16 or (cache_dtype == torch.bfloat16 and isa == "avx512_bf16")
     tolerance = 2e-2 if bf16_products else 1e-5
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
