@@ -4,6 +4,8 @@ regression in a kernel or a quantizer fails here (figures: benchmarks/README.md,
 
 from __future__ import annotations
 
+import argparse
+import heapq
 import inspect
 import json
 from pathlib import Path
@@ -26,28 +28,38 @@ pytestmark = pytest.mark.slow
 TEXTS = [*SMOLLM2_TEXTS, "The three primary colours are", "import numpy as np\n"]
 LOADTEST_PROMPTS = Path(__file__).parents[1] / "loadtest" / "tritonllm_loadtest" / "data" / "prompts.jsonl"
 MAX_NEW = 24
-EVAL_TOKENS = 384  # of real English text: the docstring of Python's json module
-# Perplexity / fp32 perplexity, measured on this text: bf16 1.0046, int8 1.0068, int8 with bf16
-# activations 1.0130, int8_wo 1.0061, fp8 1.0567. Bounds: bf16's is the 1% it must keep; the others
-# the measured value plus a small margin.
+# Real English text, 2,713 tokens scored in windows of 512: the docstrings of json and argparse and heapq's
+# essay. On 384 tokens int8's ratio moved between 1.0004 and 1.0128 with changes at the last bit of the
+# attention's exp (per-token log-likelihoods differ by up to 0.48 nats: dynamic per-token activation scales
+# flip int8 roundings), a standard error of ~0.5%; over 2,713 tokens it is ~0.2%.
+EVAL_TEXTS = [inspect.getdoc(json), heapq.__about__, inspect.getdoc(argparse)]
+MIN_EVAL_TOKENS = 2500
+# Perplexity / fp32 perplexity, measured on this text (Zen 4, 2026-12-03; in brackets the tree before the
+# avx512_bf16 prefill attention): bf16 1.0017 (1.0010), int8 1.0057 (1.0050), int8 with bf16 activations
+# 1.0054 (1.0074), int8_wo 1.0023 (1.0017), fp8 1.0324 (1.0324). Bounds: bf16's is the 1% it must keep; int8's
+# the measured value plus ~4 standard errors; the others the measured value plus a margin.
 MAX_PERPLEXITY_RATIO = {
     ("bfloat16", "none"): 1.01,
-    ("float32", "int8"): 1.01,
+    ("float32", "int8"): 1.015,
     ("bfloat16", "int8"): 1.02,
     ("float32", "int8_wo"): 1.01,
-    ("float32", "fp8"): 1.07,
+    ("float32", "fp8"): 1.045,
 }
-# Mean fraction of greedy tokens before the first divergence, 22 prompts x 24 tokens (measured on Zen 4,
-# 2026-12-02: bf16 vs HF bf16 0.777 with fp32 products in the prefill attention, 0.831 with the avx512_bf16
-# build's bf16 ones; int8 vs HF fp32 0.795 and 0.780; a variant of the latter measured 0.706).
-MIN_AGREEMENT = {"bf16_vs_hf_bf16": 0.65, "int8_vs_hf": 0.65}
+# Mean fraction of greedy tokens before the first divergence, 22 prompts x 24 tokens, measured on Zen 4
+# (2026-12-03) with each kernel build: bf16 vs HF bf16 0.777-0.831 (0.777 with fp32 products in the prefill
+# attention); int8 vs HF fp32 0.706 (avx512_bf16), 0.727 (generic), 0.725 (avx2), 0.769 (avx512_vnni), 0.780-
+# 0.795 on earlier trees. int8 spreads the most: its per-token activation scales turn last-bit differences
+# into flipped roundings, and a flipped near-tie early in one prompt moves the mean by up to 0.045. The floors
+# sit under that spread, so they catch gross regressions; the perplexity bounds above catch smaller ones.
+MIN_AGREEMENT = {"bf16_vs_hf_bf16": 0.65, "int8_vs_hf": 0.6}
 
 
 @pytest.fixture(scope="module")
 def eval_ids(smollm2_dir: Path) -> list[int]:
-    ids = AutoTokenizer.from_pretrained(smollm2_dir)(inspect.getdoc(json))["input_ids"]
-    assert len(ids) >= EVAL_TOKENS
-    return ids[:EVAL_TOKENS]
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    ids = [token for text in EVAL_TEXTS for token in tokenizer(text)["input_ids"]]
+    assert len(ids) >= MIN_EVAL_TOKENS
+    return ids
 
 
 def model_perplexity(path: Path, ids: list[int], dtype: str, quantization: str) -> float:

@@ -56,7 +56,8 @@ def test_prefill_kernel_matches_torch(isa, dtypes, threads, chunks) -> None:
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:width] for _ in chunks])
     starts = torch.tensor([0] + [queries for queries, _ in chunks]).cumsum(0)
     lengths = torch.tensor([keys for _, keys in chunks])
-    q = torch.randn(int(starts[-1]), heads, head_dim, generator=gen).to(dtype)
+    # Queries x 4: scores as large as SmolLM2's outlier dims make them, where rounding queries to bf16 shows.
+    q = (4 * torch.randn(int(starts[-1]), heads, head_dim, generator=gen)).to(dtype)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -67,9 +68,12 @@ def test_prefill_kernel_matches_torch(isa, dtypes, threads, chunks) -> None:
     expected = torch_prefill_attention(
         q.float(), k_cache.float(), v_cache.float(), tables, starts, lengths, 0.125
     )
-    # bf16 products: bf16 queries, or a bf16 cache in the avx512_bf16 build (bf16 queries and probabilities)
-    bf16_products = dtype == torch.bfloat16 or (cache_dtype == torch.bfloat16 and isa == "avx512_bf16")
-    tolerance = 2e-2 if bf16_products else 1e-5
+    if dtype == torch.bfloat16:
+        tolerance = 2e-2  # bf16 queries and output
+    elif cache_dtype == torch.bfloat16 and isa == "avx512_bf16":
+        tolerance = 5e-3  # probabilities rounded to bf16 for vdpbf16ps; fp32 queries split exactly (bf16 q: 3e-2)
+    else:
+        tolerance = 1e-5
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 

@@ -244,9 +244,10 @@ alignas(64) constexpr std::array<uint16_t, 32> kPickLow = interleave_lanes(0), k
 constexpr int64_t kPairKeys = 32;  // keys per bf16 tile: the softmax's per-row work spread over twice the keys
 
 // scores[r][j] = q_r . k_j from bf16 pairs: q [R, d/2] (2 dims a word), kt [d/2, kPairKeys] (key j's dims 2p and
-// 2p+1 at word p * kPairKeys + j). One vdpbf16ps per row, pair of dims and 16 keys.
-template <int R>
-void score_rows_bf16(const uint32_t* q, const uint32_t* kt, int64_t pairs, float* scores) {
+// 2p+1 at word p * kPairKeys + j). One vdpbf16ps per row, pair of dims and 16 keys; kSplit adds q_lo's (fp32
+// queries as bf16 q + q_lo: products as exact as fp32's, as the keys are bf16 already).
+template <int R, bool kSplit>
+void score_rows_bf16(const uint32_t* q, const uint32_t* q_lo, const uint32_t* kt, int64_t pairs, float* scores) {
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
@@ -256,6 +257,11 @@ void score_rows_bf16(const uint32_t* q, const uint32_t* kt, int64_t pairs, float
       const __m512bh qr = as_bf16(_mm512_set1_epi32(q[r * pairs + p]));
       acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qr, k0);
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qr, k1);
+      if constexpr (kSplit) {
+        const __m512bh lo = as_bf16(_mm512_set1_epi32(q_lo[r * pairs + p]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], lo, k0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], lo, k1);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -287,21 +293,29 @@ void accumulate_rows_bf16(const uint32_t* p, const uint16_t* values, int64_t pai
   }
 }
 
-// A key tile's operands as vdpbf16ps reads them (a bf16 cache; d a multiple of 64): queries and
-// probabilities rounded to bf16, keys and values in pairs. Padding keys are zeros.
+// A key tile's operands as vdpbf16ps reads them (a bf16 cache; d a multiple of 64): keys and values in pairs,
+// probabilities rounded to bf16, queries too unless kSplitQuery (fp32 queries as two bf16 parts: rounding them
+// shifted scores by up to ~0.1 where SmolLM2's outlier dims make q . k large, +1.2% perplexity under int8).
+// Padding keys are zeros.
+template <bool kSplitQuery>
 struct Bf16PairTiles {
   static constexpr int64_t kKeys = kPairKeys;
-  std::vector<uint32_t> query, kt, probs;  // [rows, d/2], [d/2, kKeys], [rows, kKeys/2]: bf16 pairs
-  std::vector<uint16_t> values;            // [kKeys/2, d, 2]
+  std::vector<uint32_t> query, query_lo, kt, probs;  // [rows, d/2] x 2, [d/2, kKeys], [rows, kKeys/2]: bf16 pairs
+  std::vector<uint16_t> values;                      // [kKeys/2, d, 2]
   int64_t d;
 
   Bf16PairTiles(int64_t rows, int64_t d)
-      : query(rows * d / 2), kt(d / 2 * kKeys), probs(rows * kKeys / 2), values(kKeys * d), d(d) {}
+      : query(rows * d / 2), query_lo(kSplitQuery ? rows * d / 2 : 0), kt(d / 2 * kKeys), probs(rows * kKeys / 2),
+        values(kKeys * d), d(d) {}
 
   template <typename T>
   void set_query(int64_t r, const T* src, float scale) {
-    auto* out = reinterpret_cast<at::BFloat16*>(&query[r * d / 2]);
-    for (int64_t j = 0; j < d; ++j) out[j] = at::BFloat16(simd::to_float(src[j]) * scale);
+    auto* hi = reinterpret_cast<at::BFloat16*>(&query[r * d / 2]);
+    for (int64_t j = 0; j < d; ++j) {
+      const float x = simd::to_float(src[j]) * scale;
+      hi[j] = at::BFloat16(x);
+      if constexpr (kSplitQuery) reinterpret_cast<at::BFloat16*>(&query_lo[r * d / 2])[j] = at::BFloat16(x - float(hi[j]));
+    }
   }
   void load(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int64_t* at, int64_t run) {
     const int64_t pairs = d / 2;
@@ -323,8 +337,10 @@ struct Bf16PairTiles {
   void score(int64_t first, int64_t rows, float* scores) const {
     const int64_t pairs = d / 2;
     int64_t r = first;
-    for (; r + kScoreRows <= rows; r += kScoreRows) score_rows_bf16<kScoreRows>(&query[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
-    for (; r < rows; ++r) score_rows_bf16<1>(&query[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
+    for (; r + kScoreRows <= rows; r += kScoreRows)
+      score_rows_bf16<kScoreRows, kSplitQuery>(&query[r * pairs], &query_lo[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
+    for (; r < rows; ++r)
+      score_rows_bf16<1, kSplitQuery>(&query[r * pairs], &query_lo[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
   }
   void accumulate(int64_t first, int64_t rows, const float* p, int64_t run, const float* rescale, float* acc) {
     for (int64_t r = first; r < rows; ++r)
@@ -440,8 +456,8 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
   auto out = at::empty_like(q);
 #ifdef TRITONLLM_AVX512_BF16
   if (k_cache.scalar_type() == at::kBFloat16 && q.size(2) % 64 == 0) {
-    if (bf16_cache) prefill_kernel<float, at::BFloat16, Bf16PairTiles>(q, k_cache, v_cache, tables, starts, lens, scale, out);
-    else prefill_kernel<at::BFloat16, at::BFloat16, Bf16PairTiles>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    if (bf16_cache) prefill_kernel<float, at::BFloat16, Bf16PairTiles<true>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    else prefill_kernel<at::BFloat16, at::BFloat16, Bf16PairTiles<false>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
     return out;
   }
 #endif
