@@ -71,7 +71,7 @@ def test_prefill_kernel_matches_torch(isa, dtypes, threads, chunks) -> None:
     if dtype == torch.bfloat16:
         tolerance = 2e-2  # bf16 queries and output
     elif cache_dtype == torch.bfloat16 and isa == "avx512_bf16":
-        tolerance = 5e-3  # probabilities rounded to bf16 for vdpbf16ps; fp32 queries split exactly (bf16 q: 3e-2)
+        tolerance = 5e-3  # probabilities rounded to bf16 for vdpbf16ps; fp32 q split (unsplit bf16 q: 3e-2)
     else:
         tolerance = 1e-5
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 MAX_NEW = 16
 # Mean fraction of greedy tokens before the first divergence from HF fp32 with these prompts (measured:
-# int8_wo 1.00, fp8 0.36, int8 0.72-0.81); fp8 per-channel e4m3 is the coarser of the two (benchmarks/README.md).
+# int8_wo 1.00, fp8 0.36, int8 0.72-0.81); fp8 per-channel e4m3 is the coarsest (benchmarks/README.md).
 # On 4 prompts x 16 tokens one flipped near-tie moves the mean by up to 0.25, so int8's floor here only says
 # that the built engine works; tests/test_precision.py holds its accuracy floors, on 22 prompts x 24 tokens.
 MIN_AGREEMENT = {"int8_wo": 0.75, "fp8": 0.2, "int8": 0.5}
