@@ -6,9 +6,10 @@
 // times the query heads of the kv head's group) over tiles of up to kKeyTile keys, converted to fp32 once per
 // tile, with an online softmax (flash attention's running max and sum). Tasks differ in cost (later tiles see
 // more keys), so threads take them from a shared counter, longest first.
-// The avx512_bf16 build runs bf16 caches (and head sizes that are a multiple of 64) on vdpbf16ps: queries and
-// probabilities rounded to bf16 (as the values already are), 32 products per instruction into fp32 sums, twice
-// the fp32 FMA's, with key and value tiles laid out in pairs as the instruction reads them (Bf16PairTiles).
+// The avx512_bf16 build runs bf16 caches (and head sizes that are a multiple of 64) on vdpbf16ps: probabilities
+// rounded to bf16 (as the values already are), fp32 queries split into two bf16 parts, 32 products per
+// instruction into fp32 sums, with key and value tiles laid out in pairs as the instruction reads them
+// (Bf16PairTiles).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
