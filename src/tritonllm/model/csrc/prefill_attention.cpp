@@ -312,12 +312,16 @@ struct Bf16PairTiles {
   template <typename T>
   void set_query(int64_t r, const T* src, float scale) {
     auto* hi = reinterpret_cast<at::BFloat16*>(&query[r * d / 2]);
+    auto* lo = reinterpret_cast<at::BFloat16*>(lo_row(r));
     for (int64_t j = 0; j < d; ++j) {
       const float x = simd::to_float(src[j]) * scale;
       hi[j] = at::BFloat16(x);
-      if constexpr (kSplitQuery) reinterpret_cast<at::BFloat16*>(&query_lo[r * d / 2])[j] = at::BFloat16(x - float(hi[j]));
+      if constexpr (kSplitQuery) lo[j] = at::BFloat16(x - float(hi[j]));
     }
   }
+  // Row r's low query parts; null without kSplitQuery (query_lo is empty then).
+  uint32_t* lo_row(int64_t r) { return kSplitQuery ? &query_lo[r * d / 2] : nullptr; }
+  const uint32_t* lo_row(int64_t r) const { return kSplitQuery ? &query_lo[r * d / 2] : nullptr; }
   void load(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int64_t* at, int64_t run) {
     const int64_t pairs = d / 2;
     for (int64_t j = 0; j < kKeys; ++j) {
@@ -339,9 +343,9 @@ struct Bf16PairTiles {
     const int64_t pairs = d / 2;
     int64_t r = first;
     for (; r + kScoreRows <= rows; r += kScoreRows)
-      score_rows_bf16<kScoreRows, kSplitQuery>(&query[r * pairs], &query_lo[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
+      score_rows_bf16<kScoreRows, kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
     for (; r < rows; ++r)
-      score_rows_bf16<1, kSplitQuery>(&query[r * pairs], &query_lo[r * pairs], kt.data(), pairs, &scores[r * kKeys]);
+      score_rows_bf16<1, kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
   }
   void accumulate(int64_t first, int64_t rows, const float* p, int64_t run, const float* rescale, float* acc) {
     for (int64_t r = first; r < rows; ++r)
