@@ -12,7 +12,8 @@ already fill, every millisecond of it slows the engine. Writes `results/triton_c
 
 Streamed by default (a response per token, as interactive clients ask); `--no-streaming` asks for one
 response per request holding every token (offline and batch clients), written to
-`results/triton_cost_unstreamed.json`.
+`results/triton_cost_unstreamed.json`; `--stream-interval N` serves with the first token alone, then N
+tokens a response (`results/triton_cost_intervalN.json`).
 
 The client (`--client lean`, the default) is raw gRPC that asks for `output_ids` and `sequence_length`
 only, as NVIDIA's client scripts do; `--client tritonclient` reads every output through `tritonclient`,
@@ -34,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -137,12 +139,33 @@ def prompts(batch: int, run: int, length: int) -> list[list[int]]:
     return [rng.integers(100, 20000, size=length).tolist() for _ in range(batch)]
 
 
-def in_process(engine: ServingEngine, batch_prompts: list[list[int]], max_tokens: int, tag: str) -> float:
+@dataclass
+class Run:
+    """Output tokens/s over all streams; per stream, the time to first token and the rate after it."""
+
+    tok_s: float
+    ttft_s: list[float]
+    decode_tok_s: list[float]
+
+
+def stream_timing(started: float, first: float, last: float, tokens: int) -> tuple[float, float]:
+    """(time to first token, tokens/s after the first token) of one stream, from its timestamps in seconds."""
+    return first - started, (tokens - 1) / (last - first) if last > first else float("nan")
+
+
+def in_process(engine: ServingEngine, batch_prompts: list[list[int]], max_tokens: int, tag: str) -> Run:
     params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, top_k=1)
     started = time.perf_counter()
     streams = [engine.submit(f"{tag}-{i}", p, params) for i, p in enumerate(batch_prompts)]
-    tokens = sum(len(s.result(TIMEOUT_S).token_ids) for s in streams)
-    return tokens / (time.perf_counter() - started)
+    done = [s.result(TIMEOUT_S) for s in streams]
+    seconds = time.perf_counter() - started
+    timings = [
+        stream_timing(c.final.arrival_time_ns / 1e9, c.final.first_token_time_ns / 1e9,
+                      c.final.last_token_time_ns / 1e9, len(c.token_ids))
+        for c in done
+    ]  # fmt: skip
+    tokens = sum(len(c.token_ids) for c in done)
+    return Run(tokens / seconds, [t for t, _ in timings], [r for _, r in timings])
 
 
 def concurrently(one: Callable[[int, list[int]], None], batch_prompts: list[list[int]]) -> float:
@@ -156,14 +179,38 @@ def concurrently(one: Callable[[int, list[int]], None], batch_prompts: list[list
     return time.perf_counter() - started
 
 
-def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int, streaming: bool) -> float:
+class StreamClock:
+    """Per stream: tokens received, and when the request went out and its first and last tokens came."""
+
+    def __init__(self, n: int):
+        self.counts = [0] * n
+        self.started = [0.0] * n
+        self.first = [0.0] * n
+        self.last = [0.0] * n
+
+    def received(self, i: int, tokens: int) -> None:
+        now = time.perf_counter()
+        if not self.counts[i]:
+            self.first[i] = now
+        self.counts[i] += tokens
+        self.last[i] = now
+
+    def run(self, seconds: float) -> Run:
+        timings = [
+            stream_timing(self.started[i], self.first[i], self.last[i], n) for i, n in enumerate(self.counts)
+        ]
+        return Run(sum(self.counts) / seconds, [t for t, _ in timings], [r for _, r in timings])
+
+
+def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int, streaming: bool) -> Run:
     """Output tokens/s with `tritonclient`'s stream per request, reading every output it sends."""
-    counts = [0] * len(batch_prompts)
+    clock = StreamClock(len(batch_prompts))
 
     def one(i: int, prompt: list[int]) -> None:
         done: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(url)
         client.start_stream(callback=lambda result, error: done.put((result, error)))
+        clock.started[i] = time.perf_counter()
         client.async_stream_infer(
             "tensorrt_llm",
             inputs_for("tensorrt_llm", prompt, max_tokens, streaming),
@@ -174,14 +221,13 @@ def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int, st
             if error is not None:
                 raise RuntimeError(error)
             if result.get_output("output_ids") is not None:
-                counts[i] += int(result.as_numpy("sequence_length")[0][0])
+                clock.received(i, int(result.as_numpy("sequence_length")[0][0]))
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
         client.stop_stream()
         client.close()
 
-    seconds = concurrently(one, batch_prompts)
-    return sum(counts) / seconds
+    return clock.run(concurrently(one, batch_prompts))
 
 
 def lean_request(prompt: list[int], max_tokens: int, streaming: bool) -> service_pb2.ModelInferRequest:
@@ -201,24 +247,24 @@ def lean_request(prompt: list[int], max_tokens: int, streaming: bool) -> service
     return request
 
 
-def through_triton_lean(url: str, batch_prompts: list[list[int]], max_tokens: int, streaming: bool) -> float:
+def through_triton_lean(url: str, batch_prompts: list[list[int]], max_tokens: int, streaming: bool) -> Run:
     """Output tokens/s with one raw gRPC stream per request, reading `sequence_length` from raw bytes."""
-    counts = [0] * len(batch_prompts)
+    clock = StreamClock(len(batch_prompts))
     with grpc.insecure_channel(url) as channel:
         stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer
 
         def one(i: int, prompt: list[int]) -> None:
             request = lean_request(prompt, max_tokens, streaming)
+            clock.started[i] = time.perf_counter()
             for response in stream(iter([request]), timeout=TIMEOUT_S):
                 if response.error_message:
                     raise RuntimeError(response.error_message)
                 names = [o.name for o in response.infer_response.outputs]
                 if "sequence_length" in names:
                     raw = response.infer_response.raw_output_contents[names.index("sequence_length")]
-                    counts[i] += int.from_bytes(raw[:4], "little", signed=True)
+                    clock.received(i, int.from_bytes(raw[:4], "little", signed=True))
 
-        seconds = concurrently(one, batch_prompts)
-    return sum(counts) / seconds
+        return clock.run(concurrently(one, batch_prompts))
 
 
 def main() -> int:
@@ -240,6 +286,12 @@ def main() -> int:
         default=True,
         help="a response per token (default) or, with --no-streaming, one per request",
     )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="the server's --stream-interval: streamed tokens a response after the first (default 1)",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     model = model_path_or_default(args.model)
@@ -253,11 +305,15 @@ def main() -> int:
         num_threads=args.threads,
         dtype=args.dtype,
         quantization=args.quantization,
+        stream_interval=args.stream_interval,
     )
     config = EngineConfig(
         model=model, num_threads=args.threads, dtype=args.dtype, quantization=args.quantization
     )
     results: dict[int, dict[str, list[float]]] = {b: {"in_process": [], "triton": []} for b in batches}
+    # Per run, medians over its streams: time to first token (ms) and tokens/s after the first token.
+    ttft_ms: dict[int, dict[str, list[float]]] = {b: {"in_process": [], "triton": []} for b in batches}
+    decode: dict[int, dict[str, list[float]]] = {b: {"in_process": [], "triton": []} for b in batches}
     cpu_ms: dict[int, dict[str, list[dict[str, float]]]] = {
         b: {"in_process": [], "triton": []} for b in batches
     }
@@ -280,14 +336,18 @@ def main() -> int:
                         batch_prompts = prompts(batch, run, args.prompt_tokens)
                         before, started = meter.read(), time.perf_counter()
                         if mode == "in_process":
-                            tps = in_process(engine, batch_prompts, args.max_tokens, f"r{run}")
+                            done = in_process(engine, batch_prompts, args.max_tokens, f"r{run}")
                         else:
-                            tps = triton_run(server.grpc_url, batch_prompts, args.max_tokens, args.streaming)
-                        spent = meter.per_token_ms(before, tps * (time.perf_counter() - started))
-                        results[batch][mode].append(tps)
+                            done = triton_run(server.grpc_url, batch_prompts, args.max_tokens, args.streaming)
+                        spent = meter.per_token_ms(before, done.tok_s * (time.perf_counter() - started))
+                        results[batch][mode].append(done.tok_s)
+                        ttft_ms[batch][mode].append(statistics.median(done.ttft_s) * 1e3)
+                        decode[batch][mode].append(statistics.median(done.decode_tok_s))
                         cpu_ms[batch][mode].append(spent)
                         print(
-                            f"round {r} batch {batch} {mode}: {tps:.1f} tok/s, CPU ms/token {spent}",
+                            f"round {r} batch {batch} {mode}: {done.tok_s:.1f} tok/s, TTFT "
+                            f"{ttft_ms[batch][mode][-1]:.1f} ms, after it {decode[batch][mode][-1]:.1f} "
+                            f"tok/s a stream, CPU ms/token {spent}",
                             flush=True,
                         )
         finally:
@@ -299,11 +359,14 @@ def main() -> int:
         "quantization": args.quantization,
         "client": args.client,
         "streaming": args.streaming,
+        "stream_interval": args.stream_interval,
         "threads": args.threads,
         "load_average": os.getloadavg(),
         "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens,
         "runs": results,
+        "ttft_ms": ttft_ms,
+        "decode_tok_s_per_stream": decode,
         "cpu_ms_per_token": cpu_ms,
         "median_tok_s": {b: {m: statistics.median(v) for m, v in r.items()} for b, r in results.items()},
     }
@@ -312,6 +375,13 @@ def main() -> int:
         summary.setdefault("triton_over_in_process", {})[batch] = ratio
         print(f"batch {batch}: in-process {medians['in_process']:.1f} tok/s, Triton {medians['triton']:.1f}, "
               f"ratio {ratio:.3f}")  # fmt: skip
+        for label, values, unit in (
+            ("TTFT", ttft_ms, "ms"),
+            ("after the first token", decode, "tok/s a stream"),
+        ):
+            mid = {m: statistics.median(v) for m, v in values[batch].items()}
+            print(f"  {label}: in-process {mid['in_process']:.1f} {unit}, Triton {mid['triton']:.1f}, "
+                  f"ratio {mid['triton'] / mid['in_process']:.3f}")  # fmt: skip
         for mode in ("in_process", "triton"):
             runs = cpu_ms[batch][mode]
             medians = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
@@ -319,6 +389,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "triton_cost.json" if args.streaming else "triton_cost_unstreamed.json"
+    if args.streaming and args.stream_interval > 1:
+        name = f"triton_cost_interval{args.stream_interval}.json"
     (out / name).write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -90,6 +90,41 @@ def test_streaming_sends_one_response_per_token(bridge: EngineBridge) -> None:
     assert bridge.num_in_flight == 0
 
 
+@pytest.mark.parametrize(("max_tokens", "sizes"), [(10, [1, 3, 3, 3]), (9, [1, 3, 3, 2])])
+def test_stream_interval_sends_the_first_token_alone_then_chunks(
+    bridge: EngineBridge, tiny_llama_dir: Path, max_tokens: int, sizes: list[int]
+) -> None:
+    """Same tokens, log-probs and context as one response per token, in fewer responses; the last
+    response carries what is left and the final flag."""
+    prompt = list(range(100, 112))
+    per_token, chunked = FakeChannel(), FakeChannel()
+    config = EngineConfig(model=str(tiny_llama_dir), tokens_per_block=4, num_kv_blocks=64, num_threads=1)
+    with pytest.raises(ValueError, match="stream_interval"):
+        EngineBridge(config, stream_interval=0)
+    every3 = EngineBridge(config, stream_interval=3)
+    try:
+        for b, chan in ((bridge, per_token), (every3, chunked)):
+            b.submit("i", request(prompt, max_tokens, streaming=True, return_log_probs=True), chan)
+            assert chan.done.wait(WAIT_S)
+    finally:
+        every3.shutdown(drain_timeout_s=1)
+    data = [out for out, error, _ in chunked.responses if out is not None and error is None]
+    assert [out["output_ids"].size for out in data] == sizes and len(data) == len(chunked.responses)
+    assert [out["sequence_length"].tolist() for out in data] == [[[n]] for n in sizes]
+    assert [final for *_, final in chunked.responses] == [False] * (len(sizes) - 1) + [True]
+    assert chunked.tokens() == per_token.tokens() and len(per_token.tokens()) == max_tokens
+
+    def logprobs(chan: FakeChannel) -> list[float]:
+        return [float(x) for out, _, _ in chan.responses if out for x in out["output_log_probs"].reshape(-1)]
+
+    assert logprobs(chunked) == pytest.approx(logprobs(per_token))
+    seen = prompt
+    for out in data:  # each response's context is the 8 tokens before its own
+        assert out["output_context_ids"].reshape(-1).tolist() == seen[-8:]
+        seen = seen + out["output_ids"].reshape(-1).tolist()
+    assert data[-1]["finish_reason"][0, 0] == "length"
+
+
 def test_whole_response_matches_stream_and_includes_prompt(bridge: EngineBridge) -> None:
     prompt = list(range(40, 50))
     streamed, whole, excluded = FakeChannel(), FakeChannel(), FakeChannel()

@@ -9,7 +9,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
+from test_server import engine_stream
 from triton_fixture import READY_TIMEOUT_S, metric_sum, tiny_server_options, wait_for
 
 from tritonllm.triton.launcher import (
@@ -36,6 +38,7 @@ def test_render_fills_every_placeholder(tmp_path: Path) -> None:
     engine = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     assert str((tmp_path / "engine").resolve()) in engine and "decoupled: true" in engine
     assert 'key: "max_engine_restarts" value: { string_value: "3" }' in engine
+    assert 'key: "stream_interval" value: { string_value: "1" }' in engine
     assert list((repo / "tensorrt_llm" / "1" / "__pycache__").glob("model.*.pyc")), "precompiled"
 
 
@@ -51,6 +54,10 @@ def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
     )
     restarts = args.parse_args(["--model", str(tmp_path), "--max-engine-restarts", "0"])
     assert options_from_args(restarts).max_engine_restarts == 0
+    interval = args.parse_args(["--model", str(tmp_path), "--stream-interval", "4"])
+    assert options_from_args(interval).stream_interval == 4
+    with pytest.raises(ValueError, match="stream_interval"):
+        LaunchOptions(model=str(tmp_path), stream_interval=0)
 
 
 def test_launch_serves_auto_quantization_and_dtype_by_default(tmp_path: Path) -> None:
@@ -82,9 +89,12 @@ def test_backend_dir_and_command(tmp_path: Path) -> None:
     )
 
 
-def test_server_rejects_when_busy_and_stops_cleanly(tiny_llama_dir: Path, tmp_path: Path) -> None:
-    """One small server (one running, one waiting request at most) for two checks:
+def test_server_streams_in_intervals_rejects_when_busy_and_stops_cleanly(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """One small server (one running, one waiting request at most, `--stream-interval 3`) for three checks:
 
+    - a streamed request gets its first token alone, then three tokens a response;
     - a request beyond the queue gets a "busy" error at once while the others carry on;
     - stopping it (as on SIGTERM) drains the engine first, so every open request, streamed or not,
       gets its final response (finished or aborted), and the server is gone within the bound with
@@ -104,6 +114,7 @@ def test_server_rejects_when_busy_and_stops_cleanly(tiny_llama_dir: Path, tmp_pa
         # No C++ kernel build inside this short-lived server: killing a stub mid-build leaves torch's
         # build lock behind, which blocks every later load of the kernel.
         disable_kernels=True,
+        stream_interval=3,
     )
     log_file = tmp_path / "tritonserver.log"
     server = TritonServer(options, log_file=log_file)
@@ -111,6 +122,13 @@ def test_server_rejects_when_busy_and_stops_cleanly(tiny_llama_dir: Path, tmp_pa
     base = f"http://{server.http_url}/v2/models/tensorrt_llm_bls"
     try:
         server.wait_ready(READY_TIMEOUT_S)
+        seven = {"input_lengths": 5, "request_output_len": 7, "min_tokens": 7, "streaming": True}
+        stream = engine_stream(server, "interval", seven)
+        try:
+            chunks = [out["output_ids"].size for out, error in stream.responses() if error is None and out]
+        finally:
+            stream.close()
+        assert chunks == [1, 3, 3], chunks
         body = {"text_input": "The quick brown fox", "max_tokens": 480, "min_tokens": 480, "stream": True}
         events: list[dict] = []
         waiting: list[requests.Response] = []

@@ -13,7 +13,10 @@ whatever happens.
 
 Decoupled (streaming) models send each row's responses as they come, `batch_index` naming the row
 when there are several, and the final flag with the last row's last response. A non-decoupled model
-sends one response holding every row.
+sends one response holding every row. With `stream_interval` N > 1 a streamed row's first token goes
+out at once (time to first token unchanged) and later ones N at a time, the rest with the last
+response: each response costs the server, the stub and the client a fixed share of CPU (measured in
+benchmarks/README.md), which on a machine whose cores the engine fills comes out of the engine's.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class _Row:
     batch_index: int
     request: EngineRequest
     tokens: list[int] = field(default_factory=list)
+    sent: int = 0  # streamed: tokens already sent
     logprobs: list[float] = field(default_factory=list)
     cum_logprob: float = 0.0
     context: list[int] = field(default_factory=list)
@@ -129,8 +133,12 @@ class EngineBridge:
         cancel_check_s: float = 0.05,
         engine: Engine | None = None,
         decoupled: bool = True,
+        stream_interval: int = 1,
     ):
         # `engine`: another engine behind the same protocol (the TensorRT-LLM executor adapter).
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        self.stream_interval = stream_interval
         self.engine = engine if engine is not None else ServingEngine(config)
         self.tokens_per_block = config.tokens_per_block
         self.decoupled = decoupled
@@ -339,11 +347,13 @@ class EngineBridge:
             group.channel.send(None, message, final=False)
 
     def _send_streamed(self, group: _Group, row: _Row, out: RequestOutput, last: bool) -> None:
-        new = out.new_token_ids
-        if not new and not out.finished:
+        unsent = len(row.tokens) - row.sent
+        held = unsent < (self.stream_interval if row.sent else 1)
+        if held and not out.finished:
             return
         # A row that ends without a new token (aborted, timed out) still says why in a last, empty response.
-        logprobs = row.logprobs[len(row.logprobs) - len(new) :]
+        new, logprobs = row.tokens[row.sent :], row.logprobs[row.sent :]
+        row.sent = len(row.tokens)
         outputs = self._outputs(group, row, out, new, row.context, logprobs, len(new))
         row.context = (row.context + new)[-CONTEXT_TOKENS:]
         group.channel.send(outputs, None, final=last)

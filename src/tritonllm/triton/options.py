@@ -35,6 +35,7 @@ class LaunchOptions:
     quantization: str | None = None  # None: the engine's default (as built, else none); the CLI's is auto
     dtype: str | None = None
     drain_timeout_s: float = 5.0
+    stream_interval: int = 1  # streamed tokens a response after the first (fewer responses, less CPU)
     max_engine_restarts: int = DEFAULT_MAX_ENGINE_RESTARTS  # then a dead engine loop stops the server
     decoupled: bool = True  # False: tensorrt_llm and the BLS answer unary calls, one response each
     disable_kernels: bool = False  # engine: PyTorch attention instead of the C++ kernel (no build)
@@ -51,7 +52,7 @@ class LaunchOptions:
         for name in ("http_port", "grpc_port", "metrics_port"):
             if not 0 < getattr(self, name) < 65536:
                 raise ValueError(f"{name} must be in 1..65535, got {getattr(self, name)}")
-        for name in ("max_batch_size", "preprocessing_instances"):
+        for name in ("max_batch_size", "preprocessing_instances", "stream_interval"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         engine_limits = ("max_num_seqs", "max_waiting", "num_kv_blocks", "tokens_per_block")
@@ -111,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--preprocessing-instances", type=int, default=1)
     parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="streamed responses: the first token at once, then N tokens a response; fewer responses "
+        "leave the engine more CPU under load (default 1: one response per token)",
+    )
+    parser.add_argument(
         "--drain-timeout", type=float, default=5.0, help="on stop: seconds in-flight requests may finish"
     )
     parser.add_argument(
@@ -160,6 +168,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         quantization=args.quantization,
         dtype=args.dtype,
         drain_timeout_s=args.drain_timeout,
+        stream_interval=args.stream_interval,
         max_engine_restarts=args.max_engine_restarts,
         decoupled=args.decoupled == "true",
         exit_timeout_s=args.exit_timeout,

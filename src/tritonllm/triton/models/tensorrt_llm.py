@@ -83,6 +83,7 @@ class EngineModel:
             on_rejected=self.metrics.record_rejected,
             engine=engine,
             decoupled=self.decoupled,
+            stream_interval=int(params.get("stream_interval") or 1),
         )
         # A dead engine loop: reload this model (a new engine), or stop the server (`recovery`).
         limit = int(params.get("max_engine_restarts") or DEFAULT_MAX_ENGINE_RESTARTS)
