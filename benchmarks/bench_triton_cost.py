@@ -372,9 +372,14 @@ def main() -> int:
     }
     for batch, medians in summary["median_tok_s"].items():
         ratio = medians["triton"] / medians["in_process"]
+        # A round's two runs are minutes apart at most: their ratio cancels the host's drift across rounds.
+        runs = results[batch]
+        paired = sorted(t / i for t, i in zip(runs["triton"], runs["in_process"], strict=True))
         summary.setdefault("triton_over_in_process", {})[batch] = ratio
+        summary.setdefault("paired_ratios", {})[batch] = paired
         print(f"batch {batch}: in-process {medians['in_process']:.1f} tok/s, Triton {medians['triton']:.1f}, "
-              f"ratio {ratio:.3f}")  # fmt: skip
+              f"ratio {ratio:.3f}; paired per round: median {statistics.median(paired):.3f} "
+              f"({', '.join(f'{x:.2f}' for x in paired)})")  # fmt: skip
         for label, values, unit in (
             ("TTFT", ttft_ms, "ms"),
             ("after the first token", decode, "tok/s a stream"),
