@@ -149,10 +149,12 @@ class Run:
     ttft_s: list[float]
     decode_tok_s: list[float]
 
-
-def stream_timing(started: float, first: float, last: float, tokens: int) -> tuple[float, float]:
-    """(time to first token, tokens/s after the first token) of one stream, from its timestamps in seconds."""
-    return first - started, (tokens - 1) / (last - first) if last > first else float("nan")
+    @classmethod
+    def of(cls, tokens: int, seconds: float, streams: list[tuple[float, float, float, int]]) -> Run:
+        """From each stream's (sent, first token, last token) times in seconds and its token count."""
+        ttft = [first - sent for sent, first, _, _ in streams]
+        rate = [(n - 1) / (last - first) if last > first else float("nan") for _, first, last, n in streams]
+        return cls(tokens / seconds, ttft, rate)
 
 
 def in_process(engine: ServingEngine, batch_prompts: list[list[int]], max_tokens: int, tag: str) -> Run:
@@ -161,13 +163,12 @@ def in_process(engine: ServingEngine, batch_prompts: list[list[int]], max_tokens
     streams = [engine.submit(f"{tag}-{i}", p, params) for i, p in enumerate(batch_prompts)]
     done = [s.result(TIMEOUT_S) for s in streams]
     seconds = time.perf_counter() - started
-    timings = [
-        stream_timing(c.final.arrival_time_ns / 1e9, c.final.first_token_time_ns / 1e9,
-                      c.final.last_token_time_ns / 1e9, len(c.token_ids))
+    streams = [
+        (c.final.arrival_time_ns / 1e9, c.final.first_token_time_ns / 1e9, c.final.last_token_time_ns / 1e9,
+         len(c.token_ids))
         for c in done
     ]  # fmt: skip
-    tokens = sum(len(c.token_ids) for c in done)
-    return Run(tokens / seconds, [t for t, _ in timings], [r for _, r in timings])
+    return Run.of(sum(len(c.token_ids) for c in done), seconds, streams)
 
 
 def concurrently(one: Callable[[int, list[int]], None], batch_prompts: list[list[int]]) -> float:
@@ -198,10 +199,8 @@ class StreamClock:
         self.last[i] = now
 
     def run(self, seconds: float) -> Run:
-        timings = [
-            stream_timing(self.started[i], self.first[i], self.last[i], n) for i, n in enumerate(self.counts)
-        ]
-        return Run(sum(self.counts) / seconds, [t for t, _ in timings], [r for _, r in timings])
+        streams = list(zip(self.started, self.first, self.last, self.counts, strict=True))
+        return Run.of(sum(self.counts), seconds, streams)
 
 
 def through_triton(url: str, batch_prompts: list[list[int]], max_tokens: int, streaming: bool) -> Run:
@@ -410,9 +409,9 @@ def main() -> int:
     }
     for batch, medians in summary["median_tok_s"].items():
         ratio = medians["triton"] / medians["in_process"]
-        # A round's two runs are minutes apart at most: their ratio cancels the host's drift across rounds.
-        runs = results[batch]
-        paired = sorted(t / i for t, i in zip(runs["triton"], runs["in_process"], strict=True))
+        # A round's two runs are seconds apart: their ratio cancels the host's drift across rounds.
+        by_mode = results[batch]
+        paired = sorted(t / i for t, i in zip(by_mode["triton"], by_mode["in_process"], strict=True))
         summary.setdefault("triton_over_in_process", {})[batch] = ratio
         summary.setdefault("paired_ratios", {})[batch] = paired
         print(f"batch {batch}: in-process {medians['in_process']:.1f} tok/s, Triton {medians['triton']:.1f}, "
