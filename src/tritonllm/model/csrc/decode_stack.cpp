@@ -1,7 +1,7 @@
 // All decoder layers of a decode-only step in one call: the kernels the Python layer loop calls, in the same
 // order and on the same tensors (so the same results to the bit), without the ~300 Python calls a step makes
 // through the layer loop (a few ms of a ~20 ms batch-1 step). Steps with prefill chunks keep the Python loop.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

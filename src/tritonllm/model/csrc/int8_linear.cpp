@@ -19,7 +19,9 @@
 // Scales kept after all of a tile's weights (aligned chunks, two streams) made batch 1 1.5x slower.
 // vpdpbusd multiplies unsigned by signed bytes: the weights are stored + 128 (as u8) and 128 x each token's
 // block sum, computed once when the activations are quantized, is taken back off.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

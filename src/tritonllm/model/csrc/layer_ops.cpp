@@ -2,7 +2,10 @@
 // PyTorch ops they replace (pow/mean/rsqrt/mul, slice/cat/neg for RoPE, index_copy into the cache, silu
 // and mul) cost more than the layer's matmuls read from memory. Arithmetic follows HF transformers (fp32
 // statistics, rotate-half RoPE with cos/sin computed by PyTorch), so fp32 stays within rounding of HF.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

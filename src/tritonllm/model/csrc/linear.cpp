@@ -5,7 +5,9 @@
 // vdpbf16ps tiles straight from the bf16 rows at every size instead.
 // The AVX2 paths are used when the translation unit is compiled with AVX2+FMA (cpu_kernels.py builds one
 // variant per instruction set and picks it from the CPU's flags); otherwise portable loops run.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

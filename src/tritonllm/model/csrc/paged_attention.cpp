@@ -3,7 +3,9 @@
 // share each key and value they load, and long contexts are cut into spans so that batch 1 (3 kv heads on
 // SmolLM2) keeps every thread busy. Each span keeps its own softmax maximum and sum; a second pass merges
 // the spans of a (sequence, kv head) exactly (the log-sum-exp rescaling of flash-decoding).
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -10,7 +10,9 @@
 // rounded to bf16 (as the values already are), fp32 queries split into two bf16 parts, 32 products per
 // instruction into fp32 sums, with key and value tiles laid out in pairs as the instruction reads them
 // (Bf16PairTiles).
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // AVX2+FMA (cpu_kernels.py builds one variant per instruction set); without it the kernels run portable loops.
 // TRITONLLM_AVX512, TRITONLLM_AVX512_VNNI and TRITONLLM_AVX512_BF16 add AVX-512 paths on top of the AVX2 ones.
 #pragma once
-#include <torch/extension.h>
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 #include <cstring>
