@@ -90,6 +90,7 @@ class GrpcStream:
         inputs: dict[str, Any],
         request_id: str | None = None,
         tensors: list[grpcclient.InferInput] = (),
+        outputs: list[str] | None = None,
     ):
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.results: queue.Queue = queue.Queue()
@@ -98,6 +99,7 @@ class GrpcStream:
             model,
             [grpc_tensor(k, v) for k, v in inputs.items()] + list(tensors),
             request_id=request_id or uuid.uuid4().hex,
+            outputs=None if outputs is None else [grpcclient.InferRequestedOutput(o) for o in outputs],
             enable_empty_final_response=True,
         )
 
@@ -330,12 +332,38 @@ def test_bls_sse_disconnect_frees_kv_blocks(triton_server: TritonServer) -> None
     assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 3)
 
 
-def engine_stream(server: TritonServer, request_id: str, inputs: dict[str, Any]) -> GrpcStream:
+def engine_stream(
+    server: TritonServer, request_id: str, inputs: dict[str, Any], outputs: list[str] | None = None
+) -> GrpcStream:
     """A request straight to `tensorrt_llm` (token ids in, NVIDIA's engine tensor names)."""
     ids = np.array([[5, 6, 7, 8, 9]], dtype=np.int32)
     input_ids = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
     input_ids.set_data_from_numpy(ids)
-    return GrpcStream(server, "tensorrt_llm", inputs, request_id=request_id, tensors=[input_ids])
+    return GrpcStream(
+        server, "tensorrt_llm", inputs, request_id=request_id, tensors=[input_ids], outputs=outputs
+    )
+
+
+def test_engine_model_sends_the_outputs_asked_for(triton_server: TritonServer) -> None:
+    """Every output when the client names none; exactly those it names otherwise, with the same tokens."""
+    inputs = {"input_lengths": 5, "request_output_len": 4, "min_tokens": 4, "streaming": True}
+
+    def stream(outputs: list[str] | None) -> list[dict[str, np.ndarray]]:
+        s = engine_stream(triton_server, uuid.uuid4().hex, inputs, outputs)
+        try:
+            replies = list(s.responses())
+        finally:
+            s.close()
+        assert all(err is None for _, err in replies), replies
+        return [out for out, _ in replies]
+
+    everything, asked = stream(None), stream(["output_ids"])
+    default_outputs = {"output_ids", "sequence_length", "output_context_ids", "finish_reason"}
+    assert all(set(out) == default_outputs for out in everything), [set(o) for o in everything]
+    assert all(set(out) == {"output_ids"} for out in asked), [set(o) for o in asked]
+    tokens = [[int(t) for t in out["output_ids"].reshape(-1)] for out in asked]
+    assert tokens == [[int(t) for t in out["output_ids"].reshape(-1)] for out in everything]
+    assert len(tokens) == 4
 
 
 def test_stop_input_cancels_the_request_with_that_id(triton_server: TritonServer) -> None:

@@ -68,8 +68,10 @@ def triton_error(pb: ModuleType, message: str, code: str = "INVALID_ARG") -> Any
     return pb.TritonError(message, getattr(pb.TritonError, code))
 
 
-def triton_response(pb: ModuleType, outputs: Outputs) -> Any:
-    return pb.InferenceResponse(output_tensors=[pb.Tensor(name, arr) for name, arr in outputs.items()])
+def triton_response(pb: ModuleType, outputs: Outputs, requested: frozenset[str] | None = None) -> Any:
+    """A response of `outputs`, only those in `requested` when given."""
+    names = outputs.keys() if requested is None else outputs.keys() & requested
+    return pb.InferenceResponse(output_tensors=[pb.Tensor(name, outputs[name]) for name in names])
 
 
 def error_code(message: str) -> str:
@@ -86,12 +88,17 @@ class SenderChannel:
     Triton frees a request's response factory once its final response is sent, and `is_cancelled()`
     after that crashes the server (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, Triton 2.51):
     a lock orders the two, and a closed channel reports not cancelled.
+
+    Only the outputs the request asked for become Triton tensors: Triton drops the others, but only
+    after the stub has built them (a streamed token's response has 4 outputs, clients such as NVIDIA's
+    scripts ask for 1 or 2, and the string `finish_reason` is serialized in Python).
     """
 
     def __init__(self, pb: ModuleType, request: Any, decoupled: bool = True):
         self._pb = pb
         self._request = request
         self._sender = request.get_response_sender()
+        self._requested = frozenset(request.requested_output_names())
         self._final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         self._decoupled = decoupled
         self._lock = threading.Lock()
@@ -104,7 +111,7 @@ class SenderChannel:
                 output_tensors=[], error=triton_error(self._pb, error, error_code(error))
             )
         elif outputs is not None:
-            response = triton_response(self._pb, outputs)
+            response = triton_response(self._pb, outputs, self._requested)
         elif not self._decoupled:  # a non-decoupled model answers with exactly one response
             response = self._pb.InferenceResponse(output_tensors=[])
         else:
