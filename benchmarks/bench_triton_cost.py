@@ -74,24 +74,6 @@ def process_cpu_s(pid: int) -> float:
     return read_stat(f"/proc/{pid}/stat")[1]
 
 
-def stub_pids(server_pid: int) -> dict[str, int]:
-    """The Python-backend stubs of a tritonserver, by model name ('tensorrt_llm', 'preprocessing', ...)."""
-    stubs = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != server_pid:
-                continue
-            with open(stat.replace("stat", "cmdline")) as f:
-                args = f.read().split("\0")
-        except (OSError, ValueError):
-            continue
-        model = Path(args[1]).parent.parent.name if len(args) > 1 else stat
-        stubs[model] = int(stat.split("/")[2])
-    return stubs
-
-
 # OS thread names (`tritonllm.os_threads`, cut to the kernel's length): the engine loop and the OpenMP
 # workers it started, and the bridge's response sender; a stub's other threads (IPC) are the rest of its CPU.
 THREAD_GROUPS = {"engine": "tritonllm-engine"[:OS_NAME_BYTES], "sender": "tritonllm-send"[:OS_NAME_BYTES]}
@@ -118,8 +100,9 @@ class CpuMeter:
     split by thread: `*.engine` (loop + OpenMP) and `*.sender` (the stub's response sender).
     """
 
-    def __init__(self, server_pid: int):
-        self.pids = {"tritonserver": server_pid} | stub_pids(server_pid)
+    def __init__(self, server: TritonServer):
+        assert server.process is not None
+        self.pids = {"tritonserver": server.process.pid} | server.stub_pids()
 
     def read(self) -> dict[str, float]:
         readings = {"client": time.process_time()} | {k: process_cpu_s(p) for k, p in self.pids.items()}
@@ -357,7 +340,7 @@ def main() -> int:
     with TritonServer(options) as server:
         server.wait_ready(600)
         assert server.process is not None
-        meter = CpuMeter(server.process.pid)
+        meter = CpuMeter(server)
         engine = ServingEngine(config)
         try:
             warm = prompts(1, 10**6, args.prompt_tokens)  # first steps (kernels, allocations) on both

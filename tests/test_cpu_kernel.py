@@ -3,6 +3,8 @@ CPU runs, match PyTorch, and the fallbacks are right too."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,23 @@ def torch_decode_attention(q, k_cache, v_cache, tables, lengths, scale):
 
 def test_kernel_builds_on_this_machine() -> None:
     assert load_kernels() is not None, "no compiler? the engine would fall back to the slow path"
+
+
+def test_builds_use_the_pinned_ninja_whatever_is_first_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two ninja versions rebuild each other's output: every process must run the `ninja` package's."""
+    import ninja
+
+    other = tmp_path / "ninja"
+    other.write_text("#!/bin/sh\necho 1.11.1\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin")
+    assert shutil.which("ninja") == str(other)
+    cpu_kernels.use_pinned_ninja()
+    assert shutil.which("ninja") == str(Path(ninja.BIN_DIR) / "ninja")
+    cpu_kernels.use_pinned_ninja()
+    assert os.environ["PATH"].count(ninja.BIN_DIR) == 1, "added once"
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from triton_fixture import metric_sum, wait_for
 from tritonllm_client.transport import grpc_tensor
 
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
+from tritonllm.model.cpu_kernels import load_kernels
 from tritonllm.triton.launcher import TritonServer
 from tritonllm.triton.text import CONTEXT_TOKENS, TextCodec
 
@@ -342,6 +343,16 @@ def engine_stream(
     return GrpcStream(
         server, "tensorrt_llm", inputs, request_id=request_id, tensors=[input_ids], outputs=outputs
     )
+
+
+def test_the_engine_stub_maps_the_kernel_build_this_process_loads(triton_server: TritonServer) -> None:
+    """One build of the CPU kernels serves every process (no second ~25 s build at a server's start),
+    and none rebuilt it under the other (a replaced library shows in the maps as deleted)."""
+    kernels = load_kernels()
+    assert kernels is not None
+    maps = Path(f"/proc/{triton_server.stub_pids()['tensorrt_llm']}/maps").read_text()
+    mapped = {line.split(maxsplit=5)[-1] for line in maps.splitlines() if "tritonllm_cpu_" in line}
+    assert mapped == {kernels.__file__}
 
 
 def test_engine_model_sends_the_outputs_asked_for(triton_server: TritonServer) -> None:

@@ -16,7 +16,6 @@ import logging
 import os
 import platform
 import shutil
-import sys
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -109,24 +108,38 @@ def exclusive_build(name: str, wait_s: float = BUILD_WAIT_S) -> Iterator[None]:
         yield
 
 
+def use_pinned_ninja() -> None:
+    """Put the `ninja` package's binary (a pinned dependency) first on PATH, in every process.
+
+    Ninja keeps a hash of each command it ran, and two ninja versions hash the same command differently:
+    with the system's ninja first on one process's PATH (a plain `.venv/bin/python`) and the venv's on
+    another's (Triton's stub), each rebuilt the other's kernels (~25 s) and replaced a loaded library.
+    """
+    try:
+        import ninja
+
+        bin_dir = ninja.BIN_DIR
+    except (ImportError, AttributeError):
+        bin_dir = sysconfig.get_path("scripts")
+    path = os.environ.get("PATH", "")
+    if shutil.which("ninja", path=bin_dir) and not path.startswith(bin_dir + os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + path
+
+
 @cache
 def load_kernels(isa: str | None = None) -> ModuleType | None:
     """The compiled extension for `isa` (default: the best this CPU runs), or None when it can't be built."""
     if os.environ.get("TRITONLLM_DISABLE_KERNELS") == "1":
         return None
     isa = isa or selected_isa()
-    scripts = sysconfig.get_path("scripts")  # the venv's bin, where pip put ninja
-    if shutil.which("ninja") is None and shutil.which("ninja", path=scripts):
-        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+    use_pinned_ninja()
     try:
         from torch.utils.cpp_extension import load
 
-        # One build per interpreter: Triton's Python stub and a plain Python hash the build
-        # differently, and a shared folder made each rebuild it (~45 s) in turn.
+        # One build per variant and sources, shared by every process and interpreter (use_pinned_ninja).
         # The name carries the sources' hash: torch only watches the listed file for changes.
-        interpreter = hashlib.sha1(sys.executable.encode()).hexdigest()[:8]
         sources = hashlib.sha1(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()[:8]
-        name = f"tritonllm_cpu_{isa}_{interpreter}_{sources}"
+        name = f"tritonllm_cpu_{isa}_{sources}"
         with exclusive_build(name):
             module = load(
                 name=name,

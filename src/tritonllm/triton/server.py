@@ -138,6 +138,21 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://{self.options.address}:{self.options.metrics_port}/metrics"
 
+    def stub_pids(self) -> dict[str, int]:
+        """The pids of this server's Python-backend stubs, by model name ('tensorrt_llm', ...)."""
+        assert self.process is not None
+        stubs = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != self.process.pid:
+                    continue
+                args = stat.with_name("cmdline").read_text().split("\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if len(args) > 1:  # the stub's first argument is the model's file, <model>/<version>/model.py
+                stubs[Path(args[1]).parent.parent.name] = int(stat.parent.name)
+        return stubs
+
     def start(self) -> TritonServer:
         paths = pytriton_paths()
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonllm-"))
