@@ -136,10 +136,13 @@ def load_kernels(isa: str | None = None) -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        # One build per variant and sources, shared by every process and interpreter (use_pinned_ninja).
+        # One build per variant, sources and torch install, shared by every process that imports that
+        # torch (Triton's stub too: use_pinned_ninja). The compile command names torch's headers, so two
+        # venvs sharing the build folder under one name would rebuild each other's library.
         # The name carries the sources' hash: torch only watches the listed file for changes.
+        install = hashlib.sha1(str(Path(torch.__file__).parent).encode()).hexdigest()[:8]
         sources = hashlib.sha1(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()[:8]
-        name = f"tritonllm_cpu_{isa}_{sources}"
+        name = f"tritonllm_cpu_{isa}_{install}_{sources}"
         with exclusive_build(name):
             module = load(
                 name=name,
