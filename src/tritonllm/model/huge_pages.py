@@ -23,7 +23,8 @@ MADV_POPULATE_WRITE = 23  # Linux >= 5.14; Python's mmap module does not name it
 def huge_page_bytes(nbytes: int, populate: bool = False) -> torch.Tensor:
     """A zeroed uint8 CPU tensor of `nbytes`, 2 MB-aligned, on huge pages where the OS offers them.
 
-    `populate`: fault every page in now (the kernel zeroes 2 GB in ~0.2 s) rather than on first write. A
+    `populate`: fault every page in now rather than on first write (2 GB took ~0.2 s on one host, 13.7 s in a
+    VM whose fresh 2 MB pages are slow to touch: benchmarks/README.md). A
     KV pool is handed out least recently freed first, so a fresh server writes new pages for its first
     few hundred thousand tokens, and each fault zeroes 2 MB inside a step while the other threads wait
     (`clear_page_erms` was 6.6% of 32 concurrent requests in-process)."""
