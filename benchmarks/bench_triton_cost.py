@@ -339,7 +339,6 @@ def main() -> int:
         triton_run = niced(args.client_nice, triton_run)
     with TritonServer(options) as server:
         server.wait_ready(600)
-        assert server.process is not None
         meter = CpuMeter(server)
         engine = ServingEngine(config)
         try:

@@ -2,7 +2,7 @@
 // threads that send responses, and a step's kernels should not stall them.
 // The kernels are included as one translation unit, so that PyTorch's headers are parsed once (three units took
 // three times as long). Each file includes only the ATen headers it uses, not torch/extension.h: that header
-// alone took 22 s to parse, and a whole build 45 s instead of 28 (Zen 4, one variant).
+// alone took 22 s to parse, and a whole build 45 s instead of 24 (Zen 4, one variant).
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
