@@ -79,17 +79,22 @@ def process_cpu_s(pid: int) -> float:
 THREAD_GROUPS = {"engine": "tritonllm-engine"[:OS_NAME_BYTES], "sender": "tritonllm-send"[:OS_NAME_BYTES]}
 
 
-def thread_group_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds of a process's live threads, summed per THREAD_GROUPS name."""
-    spent = dict.fromkeys(THREAD_GROUPS, 0.0)
-    for stat in glob.glob(f"/proc/{pid}/task/[0-9]*/stat"):
+def thread_group_sched_s(pid: int) -> dict[str, float]:
+    """Per THREAD_GROUPS name, over a process's live threads: CPU seconds (`<group>`) and seconds spent
+    runnable but waiting for a core (`<group>_wait`), from `/proc/<pid>/task/<tid>/schedstat` (ns)."""
+    spent = {k: 0.0 for g in THREAD_GROUPS for k in (g, f"{g}_wait")}
+    for task in glob.glob(f"/proc/{pid}/task/[0-9]*"):
         try:
-            name, cpu_s = read_stat(stat)
-        except OSError:  # the thread ended
+            with open(f"{task}/comm") as f:
+                name = f.read().rstrip("\n")
+            with open(f"{task}/schedstat") as f:
+                run_ns, wait_ns, _ = (int(v) for v in f.read().split())
+        except (OSError, ValueError):  # the thread ended
             continue
         for group, os_name in THREAD_GROUPS.items():
             if name == os_name:
-                spent[group] += cpu_s
+                spent[group] += run_ns / 1e9
+                spent[f"{group}_wait"] += wait_ns / 1e9
     return spent
 
 
@@ -97,7 +102,9 @@ class CpuMeter:
     """CPU seconds spent by this client, tritonserver and each stub between two readings.
 
     The engine's own processes (this one in-process, the `tensorrt_llm` stub through Triton) are also
-    split by thread: `*.engine` (loop + OpenMP) and `*.sender` (the stub's response sender).
+    split by thread: `*.engine` (loop + OpenMP) and `*.sender` (the stub's response sender), each with
+    `*_wait`, the time its threads were runnable but had no core: on a machine the engine's threads fill,
+    every other process's CPU shows up there (and the engine's threads wait for each other at barriers).
     """
 
     def __init__(self, server: TritonServer):
@@ -107,7 +114,7 @@ class CpuMeter:
     def read(self) -> dict[str, float]:
         readings = {"client": time.process_time()} | {k: process_cpu_s(p) for k, p in self.pids.items()}
         for role, pid in (("client", os.getpid()), ("tensorrt_llm", self.pids["tensorrt_llm"])):
-            readings |= {f"{role}.{g}": s for g, s in thread_group_cpu_s(pid).items()}
+            readings |= {f"{role}.{g}": s for g, s in thread_group_sched_s(pid).items()}
         return readings
 
     def per_token_ms(self, before: dict[str, float], tokens: float) -> dict[str, float]:

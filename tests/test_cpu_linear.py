@@ -82,6 +82,33 @@ def test_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
     torch.testing.assert_close(got.float(), x.bfloat16().float() @ w.float().T, atol=0.1, rtol=0.05)
 
 
+@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) -> None:
+    """csrc/work_split.h: each thread takes its own range of row tiles from the front, and a thread that is
+    done takes the rest of the others' from the back. Three threads on this machine's fewer cores lose their
+    core now and then, so ranges get finished by other threads: every row must still come out exactly as one
+    thread computes it (an untouched or half-written row would not)."""
+    kernels = load_kernels(isa)
+    gen = torch.Generator().manual_seed(tokens)
+    x, w = torch.randn(tokens, 96, generator=gen), torch.randn(4000, 96, generator=gen)
+    packed = kernels.int8_pack(*quantize_int8_blocks(w))
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(
+                [kernels.int8_linear(x, packed) for _ in range(20)]
+                + [kernels.bf16_linear(x, w.bfloat16()) for _ in range(20)]
+            )
+    finally:
+        torch.set_num_threads(previous)
+    for got in results[1:]:
+        for a, b in zip(results[0], got, strict=True):
+            assert torch.equal(a, b)
+
+
 def test_int8_quantization_error_is_small() -> None:
     """Blocks of 32 keep weights within half a step of their block's scale."""
     w = torch.randn(64, 576) * torch.logspace(-3, 0, 576)  # channels of very different magnitudes

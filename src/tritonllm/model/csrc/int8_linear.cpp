@@ -33,6 +33,7 @@
 
 #include "errors.h"
 #include "simd.h"
+#include "work_split.h"
 
 namespace {
 
@@ -322,13 +323,16 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
   const float* xsp = xs.data_ptr<float>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int8_t* xqp = xq.data_ptr<int8_t>();
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  // One item per tile of rows (work_split.h: each thread streams its own tiles, then helps a delayed one).
 #if defined(TRITONLLM_AVX512_VNNI)
+  work_split::for_each(tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       vnni_tiles(wp + t * nb * kTileBlock, nb, kp, xqp, correctionp, xsp, m, bp ? bp + t * kTileRows : nullptr,
                  op + t * kTileRows, n);
+  });
 #elif defined(TRITONLLM_AVX2)
-    const __m256i row_order = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kSlot));  // slots -> rows
+  const __m256i row_order = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kSlot));  // slots -> rows
+  work_split::for_each(tiles, 2, [&](int64_t begin, int64_t end) {  // 2 tiles of 8 rows: 16, as VNNI's
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * nb * kTileBlock;
       const __m256 bias_rows = bp ? _mm256_loadu_ps(bp + t * kTileRows) : _mm256_setzero_ps();
@@ -341,7 +345,9 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
           store_rows(_mm256_add_ps(_mm256_permutevar8x32_ps(acc[i], row_order), bias_rows), op + (m0 + i) * n + t * kTileRows);
       }
     }
+  });
 #else
+  work_split::for_each(tiles, 2, [&](int64_t begin, int64_t end) {
     std::vector<float> rows(m * kTileRows);  // [token][row]
     for (int64_t t = begin; t < end; ++t) {
       portable_tile(wp + t * nb * kTileBlock, nb, xqp, xsp, m, rows.data());
@@ -351,8 +357,8 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
           op[i * n + row] = static_cast<T>(rows[i * kTileRows + r] + (bp ? bp[row] : 0.f));
         }
     }
-#endif
   });
+#endif
   return out;
 }
 

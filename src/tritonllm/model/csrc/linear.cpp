@@ -17,6 +17,7 @@
 
 #include "errors.h"
 #include "simd.h"
+#include "work_split.h"
 
 namespace {
 
@@ -88,7 +89,8 @@ void bf16_dot_tile(const uint16_t* w, const uint16_t* x, int64_t k, float* acc_o
 template <int RN, int RM, typename Out, typename TileFn>
 void run_tiles(int64_t n_rows, int64_t m_tokens, const float* bias, Out* out, TileFn tile) {
   const int64_t row_tiles = (n_rows + RN - 1) / RN;
-  at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
+  // Pieces of ~16 rows (work_split.h: each thread streams its own rows, then helps a delayed one).
+  work_split::for_each(row_tiles, std::max(1, 16 / RN), [&](int64_t begin, int64_t end) {
     float acc[RN * RM];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * RN, rows = std::min<int64_t>(RN, n_rows - n0);
@@ -203,7 +205,7 @@ void fp32_tile(const float* w, int64_t rows, const float* x, int64_t tokens, int
 template <typename Out>
 void run_wide(int64_t n_rows, int64_t m_tokens, int64_t k, const uint16_t* w, const float* x, const float* bias, Out* out) {
   const int64_t row_tiles = (n_rows + kWideRows - 1) / kWideRows;
-  at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
+  work_split::for_each(row_tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> rows_fp32(kWideRows * k);
     float acc[kWideRows * kWideTokens];
     for (int64_t t = begin; t < end; ++t) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "simd.h"
+#include "work_split.h"
 
 namespace {
 
@@ -224,8 +225,11 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   std::vector<float> partial(n * gd), maxima(n * geo.group), sums(n * geo.group);
   const int64_t per_head = geo.num_blocks * geo.block_size * d;
 
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(gd), scores;
+  // Tasks differ in length, and a thread may lose its core for a while: work_split.h lets a thread that is done
+  // take the others' remaining tasks.
+  work_split::for_each(n, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> query, scores;
+    query.resize(gd);
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = tasks[i];
       for (int64_t j = 0; j < gd; ++j)

@@ -1,0 +1,67 @@
+// How the weight-streaming kernels share their items (tiles of weight rows) among the engine's threads.
+//
+// Each thread owns a contiguous range, as at::parallel_for's static split gives, and takes its items from the
+// front; a thread done with its own range then takes items from the back of ranges still unfinished. Left alone,
+// that is the static split: one contiguous stream of weights per thread, which batch-1 decode needs (tiles dealt
+// from one shared counter interleave the two streams, and were slower). But when the OS gives one engine
+// thread's core to another thread for a while (the response sender, the server, the client: on a machine the
+// engine fills, every token's response does), the other engine thread does the waiting range's items instead of
+// spinning at the region's end.
+#pragma once
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace work_split {
+
+// Items [front, back) of one thread's range not yet taken, in one word so that front and back move atomically.
+struct alignas(64) Range {
+  std::atomic<uint64_t> bounds{0};
+};
+
+inline uint64_t pack(uint64_t front, uint64_t back) { return front << 32 | back; }
+
+// Up to `grain` of the range's next items, from the front (`from_back` false: its owner) or the back (another
+// thread), as [begin, end); begin == end when none are left.
+inline std::pair<int64_t, int64_t> take(Range& range, int64_t grain, bool from_back) {
+  uint64_t now = range.bounds.load(std::memory_order_relaxed);
+  while (true) {
+    const uint64_t front = now >> 32, back = now & 0xffffffffu;
+    if (front >= back) return {0, 0};
+    const uint64_t count = std::min<uint64_t>(grain, back - front);
+    const uint64_t next = from_back ? pack(front, back - count) : pack(front + count, back);
+    if (range.bounds.compare_exchange_weak(now, next, std::memory_order_relaxed)) {
+      const int64_t begin = static_cast<int64_t>(from_back ? back - count : front);
+      return {begin, begin + static_cast<int64_t>(count)};
+    }
+  }
+}
+
+// fn(begin, end) over [0, n) in pieces of at most `grain` items, each item once, on the engine's threads (items
+// are independent). The grain keeps the bookkeeping (an atomic compare-and-swap a piece) small against the work.
+template <typename F>
+void for_each(int64_t n, int64_t grain, const F& fn) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / grain);
+  if (threads <= 1 || at::in_parallel_region()) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  std::vector<Range> ranges(threads);
+  for (int64_t t = 0; t < threads; ++t) ranges[t].bounds.store(pack(t * n / threads, (t + 1) * n / threads));
+  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t)
+      for (auto piece = take(ranges[t], grain, false); piece.first < piece.second; piece = take(ranges[t], grain, false))
+        fn(piece.first, piece.second);
+    for (int64_t k = 1; k < threads; ++k) {
+      Range& other = ranges[(first + k) % threads];
+      for (auto piece = take(other, grain, true); piece.first < piece.second; piece = take(other, grain, true))
+        fn(piece.first, piece.second);
+    }
+  });
+}
+
+}  // namespace work_split
