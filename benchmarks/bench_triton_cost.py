@@ -7,8 +7,9 @@ engine settings. The two alternate run by run (order rotated every round) and on
 time. Reported per batch size: median output tokens/s of each and the Triton/in-process ratio (the
 target: >= 0.95), and the CPU each process spent per generated token (this client, `tritonserver`, the
 `tensorrt_llm` stub with the engine, the other stubs; the engine's process also split by OS thread name
-into the engine's threads and the response sender): on a machine whose cores the engine's threads
-already fill, every millisecond of it slows the engine. Writes `results/triton_cost.json`.
+into the engine's threads and the response sender, each with its runqueue wait from schedstat): on a
+machine whose cores the engine's threads already fill, every millisecond of it slows the engine.
+Writes `results/triton_cost.json`.
 
 Streamed by default (a response per token, as interactive clients ask); `--no-streaming` asks for one
 response per request holding every token (offline and batch clients), written to
