@@ -1,22 +1,30 @@
 """A real tritonserver (from the nvidia-pytriton wheel) serving the tiny model, shared by the whole session.
 
 Loaded as a pytest plugin from `tests/conftest.py` so every test folder (Triton models, client,
-load test, observability) talks to the same server instead of starting its own.
+load test, observability) talks to the same server instead of starting its own. Also the gRPC stream
+client the Triton model tests share (`GrpcStream`, `engine_stream`).
 """
 
 from __future__ import annotations
 
+import queue
 import re
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
+from tritonllm_client.transport import grpc_tensor
 
 from tritonllm.triton.launcher import LaunchOptions, TritonServer
 
+STREAM_TIMEOUT_S = 60.0  # a stream's next response
 READY_TIMEOUT_S = 300.0  # a loaded 2-core machine takes minutes to import torch in 4 stubs
 ADMIN_KEY = "test-admin-key"
 
@@ -97,3 +105,61 @@ def triton_server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
         yield server
     finally:
         server.stop(timeout_s=30)
+
+
+class GrpcStream:
+    """One gRPC stream for one generation (cancelling a stream cancels every request on it)."""
+
+    def __init__(
+        self,
+        server: TritonServer,
+        model: str,
+        inputs: dict[str, Any],
+        request_id: str | None = None,
+        tensors: list[grpcclient.InferInput] = (),
+        outputs: list[str] | None = None,
+    ):
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.results: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
+        self.client.async_stream_infer(
+            model,
+            [grpc_tensor(k, v) for k, v in inputs.items()] + list(tensors),
+            request_id=request_id or uuid.uuid4().hex,
+            outputs=None if outputs is None else [grpcclient.InferRequestedOutput(o) for o in outputs],
+            enable_empty_final_response=True,
+        )
+
+    def responses(self, limit: int | None = None):
+        """Yield (outputs dict, error) until the final response (or `limit` data responses)."""
+        count = 0
+        while True:
+            result, error = self.results.get(timeout=STREAM_TIMEOUT_S)
+            if error is not None:
+                yield None, str(error)
+                return
+            response = result.get_response()
+            outputs = {o.name: result.as_numpy(o.name) for o in response.outputs}
+            if outputs:
+                count += 1
+                yield outputs, None
+            if response.parameters["triton_final_response"].bool_param:
+                return
+            if limit is not None and count >= limit:
+                return
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def engine_stream(
+    server: TritonServer, request_id: str, inputs: dict[str, Any], outputs: list[str] | None = None
+) -> GrpcStream:
+    """A request straight to `tensorrt_llm` (token ids in, NVIDIA's engine tensor names)."""
+    ids = np.array([[5, 6, 7, 8, 9]], dtype=np.int32)
+    input_ids = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
+    input_ids.set_data_from_numpy(ids)
+    return GrpcStream(
+        server, "tensorrt_llm", inputs, request_id=request_id, tensors=[input_ids], outputs=outputs
+    )

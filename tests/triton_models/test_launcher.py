@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from test_server import engine_stream
-from triton_fixture import READY_TIMEOUT_S, metric_sum, tiny_server_options, wait_for
+from triton_fixture import READY_TIMEOUT_S, engine_stream, metric_sum, tiny_server_options, wait_for
 
 from tritonllm.triton.launcher import (
     MODELS,

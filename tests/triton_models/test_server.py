@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from triton_fixture import metric_sum, wait_for
+from triton_fixture import GrpcStream, engine_stream, metric_sum, wait_for
 from tritonllm_client.transport import grpc_tensor
 
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
@@ -79,52 +79,6 @@ def sse_generate(server: TritonServer, model: str, body: dict[str, Any]) -> list
             if line.startswith(b"data: "):
                 events.append(json.loads(line[len(b"data: ") :]))
     return events
-
-
-class GrpcStream:
-    """One gRPC stream for one generation (cancelling a stream cancels every request on it)."""
-
-    def __init__(
-        self,
-        server: TritonServer,
-        model: str,
-        inputs: dict[str, Any],
-        request_id: str | None = None,
-        tensors: list[grpcclient.InferInput] = (),
-        outputs: list[str] | None = None,
-    ):
-        self.client = grpcclient.InferenceServerClient(server.grpc_url)
-        self.results: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
-        self.client.async_stream_infer(
-            model,
-            [grpc_tensor(k, v) for k, v in inputs.items()] + list(tensors),
-            request_id=request_id or uuid.uuid4().hex,
-            outputs=None if outputs is None else [grpcclient.InferRequestedOutput(o) for o in outputs],
-            enable_empty_final_response=True,
-        )
-
-    def responses(self, limit: int | None = None):
-        """Yield (outputs dict, error) until the final response (or `limit` data responses)."""
-        count = 0
-        while True:
-            result, error = self.results.get(timeout=TIMEOUT_S)
-            if error is not None:
-                yield None, str(error)
-                return
-            response = result.get_response()
-            outputs = {o.name: result.as_numpy(o.name) for o in response.outputs}
-            if outputs:
-                count += 1
-                yield outputs, None
-            if response.parameters["triton_final_response"].bool_param:
-                return
-            if limit is not None and count >= limit:
-                return
-
-    def close(self, cancel: bool = False) -> None:
-        self.client.stop_stream(cancel_requests=cancel)
-        self.client.close()
 
 
 def grpc_generate(server: TritonServer, model: str, inputs: dict[str, Any]) -> tuple[list[str], str | None]:
@@ -331,18 +285,6 @@ def test_bls_sse_disconnect_frees_kv_blocks(triton_server: TritonServer) -> None
     # Leaving the block closed the connection.
     assert wait_for(lambda: aborted(triton_server) == aborted_before + 1, timeout_s=5)
     assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 3)
-
-
-def engine_stream(
-    server: TritonServer, request_id: str, inputs: dict[str, Any], outputs: list[str] | None = None
-) -> GrpcStream:
-    """A request straight to `tensorrt_llm` (token ids in, NVIDIA's engine tensor names)."""
-    ids = np.array([[5, 6, 7, 8, 9]], dtype=np.int32)
-    input_ids = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
-    input_ids.set_data_from_numpy(ids)
-    return GrpcStream(
-        server, "tensorrt_llm", inputs, request_id=request_id, tensors=[input_ids], outputs=outputs
-    )
 
 
 def test_the_engine_stub_maps_the_kernel_build_this_process_loads(triton_server: TritonServer) -> None:
