@@ -52,13 +52,11 @@ void for_each(int64_t n, int64_t grain, const F& fn) {
   }
   std::vector<Range> ranges(threads);
   for (int64_t t = 0; t < threads; ++t) ranges[t].bounds.store(pack(t * n / threads, (t + 1) * n / threads));
-  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t)
-      for (auto piece = take(ranges[t], grain, false); piece.first < piece.second; piece = take(ranges[t], grain, false))
-        fn(piece.first, piece.second);
-    for (int64_t k = 1; k < threads; ++k) {
-      Range& other = ranges[(first + k) % threads];
-      for (auto piece = take(other, grain, true); piece.first < piece.second; piece = take(other, grain, true))
+  at::parallel_for(0, threads, 1, [&](int64_t own, int64_t) {
+    // Its own range from the front, then the others' from the back.
+    for (int64_t k = 0; k < threads; ++k) {
+      Range& range = ranges[(own + k) % threads];
+      for (auto piece = take(range, grain, k > 0); piece.first < piece.second; piece = take(range, grain, k > 0))
         fn(piece.first, piece.second);
     }
   });
