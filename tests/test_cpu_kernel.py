@@ -200,3 +200,28 @@ def test_fused_decode_layers_match_the_python_loop_to_the_bit(
 def test_fp32_models_keep_the_python_loop(tiny_llama_dir: Path) -> None:
     """Plain fp32 linears (oneDNN) do not run on the kernels: no packed layers, the loop runs."""
     assert make_engine(tiny_llama_dir, dtype="float32").runner.model.packed_layers is None
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+def test_greedy_tokens_pick_what_torch_argmax_picks(isa: str) -> None:
+    """First maximum on ties, the first NaN when a row has one, index 0 for an all -inf row; widths that
+    leave vector tails, one row and many (threads split the rows)."""
+    kernels = load_kernels(isa)
+    gen = torch.Generator().manual_seed(0)
+    for width in (1, 7, 16, 17, 49152, 49157):
+        rows = torch.randn(33, width, generator=gen)
+        rows[1] = float("-inf")
+        rows[2] = 0.0
+        rows[3, -1] = rows[3].max() + 1  # the maximum in the tail
+        rows[4, width // 2 :] = float("nan")
+        rows[5, width // 3] = float("nan")
+        rows[6] = rows[6].round()  # many ties
+        rows[7, 0] = float("inf")
+        rows[8, -1] = -0.0
+        rows[8, :-1] = float("-inf")
+        for batch in (rows[:1], rows[3:4], rows):
+            got = kernels.greedy_tokens(batch)
+            assert got.dtype == torch.int64
+            assert torch.equal(got, torch.argmax(batch, dim=-1)), (isa, width)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.greedy_tokens(torch.zeros(2, 4, dtype=torch.bfloat16))

@@ -6,7 +6,10 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from engine_helpers import greedy, hf_greedy, make_engine, random_prompts, run_staggered
+
+from tritonllm.model.loader import load_model
 
 FIXTURES = ["tiny_llama_dir", "tiny_llama_tied_dir", "tiny_qwen2_dir"]
 NUM_PROMPTS = 24
@@ -85,3 +88,23 @@ def test_smollm2_matches_hf(smollm2_dir: Path) -> None:
     for text, prompt, tokens in zip(texts, prompts, got, strict=False):
         assert tokens == hf_greedy(smollm2_dir, prompt, 16), text
     assert tokenizer.decode(got[0]).startswith(" Paris")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_table_rows_are_the_computed_values_to_the_bit(tiny_llama_tied_dir: Path, dtype: str) -> None:
+    """Steps look cos/sin up in the table the engine has the model build (`cache_rope`; llama3 scaling
+    here): the same bits as computing them for the step's positions, one position or a prompt's worth."""
+    model = load_model(tiny_llama_tied_dir, dtype)
+    gen = torch.Generator().manual_seed(0)
+    picks = [
+        torch.tensor([0]),
+        torch.tensor([4095]),
+        torch.arange(37, 300),
+        torch.randint(0, 4096, (64,), generator=gen),
+    ]
+    computed = [model.rope(p, model.embed.dtype) for p in picks]
+    model.cache_rope(4096)
+    assert model.rope_table is not None and model.rope_table[0].shape[0] == 4096
+    for p, (cos, sin) in zip(picks, computed, strict=True):
+        looked_up = model.rope(p, model.embed.dtype)
+        assert torch.equal(looked_up[0], cos) and torch.equal(looked_up[1], sin)

@@ -77,6 +77,7 @@ class LLMEngine:
                 f"max_position_embeddings={args.max_position_embeddings}, KV capacity={capacity} tokens)"
             )
         self.max_model_len = config.max_model_len or limit
+        self.runner.model.cache_rope(self.max_model_len)
         self.kv = KVCacheManager(
             self.runner.num_blocks, config.tokens_per_block, config.enable_prefix_caching
         )

@@ -13,6 +13,7 @@
 #include "paged_attention.cpp"
 #include "prefill_attention.cpp"
 #include "decode_stack.cpp"
+#include "sampling.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
@@ -32,5 +33,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [T, 2F] projection", release());
   m.def("decode_layers", &decode_layers, "all decoder layers of a decode-only step (the layer loop in C++)",
         release());
+  m.def("greedy_tokens", &greedy_tokens, "each row's argmax, as torch.argmax(logits, -1) picks it", release());
   m.def("built_with_avx2", &built_with_avx2, "whether this build uses the AVX2 code paths");
 }

@@ -298,31 +298,44 @@ void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const floa
     }
 }
 
+// The activations quantized for one call (int8 values per block of 32, scales, and the VNNI builds' block sums
+// or the AVX2 build's absolute values), kept by the calling thread for its next call: a decode step makes ~120
+// int8 linear calls, and allocating these as tensors took four ATen allocations each.
+struct ActivationScratch {
+  std::vector<int8_t> xq, abs_xq;
+  std::vector<float> xs;
+  std::vector<int32_t> corrections;
+};
+thread_local ActivationScratch activation_scratch;
+
+template <typename V>
+V* grown(std::vector<V>& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
 template <typename T>
 at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
-  at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({m, nb}, x.options().dtype(at::kFloat));
+  ActivationScratch& scratch = activation_scratch;
+  int8_t* xqp = grown(scratch.xq, m * kp);
+  float* xsp = grown(scratch.xs, m * nb);
 #if defined(TRITONLLM_AVX512_VNNI)
-  at::Tensor corrections = at::empty({m, nb}, x.options().dtype(at::kInt));
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), nullptr, xs.data_ptr<float>(), corrections.data_ptr<int32_t>());
-  const int32_t* correctionp = corrections.data_ptr<int32_t>();
+  int32_t* correctionp = grown(scratch.corrections, m * nb);
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, correctionp);
 #elif defined(TRITONLLM_AVX2)
-  at::Tensor abs_xq = at::empty({m, kp}, x.options().dtype(at::kChar));
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), abs_xq.data_ptr<int8_t>(), xs.data_ptr<float>(), nullptr);
-  const int8_t* abs_xqp = abs_xq.data_ptr<int8_t>();
+  int8_t* abs_xqp = grown(scratch.abs_xq, m * kp);
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, abs_xqp, xsp, nullptr);
 #else
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xq.data_ptr<int8_t>(), nullptr, xs.data_ptr<float>(), nullptr);
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, nullptr);
 #endif
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
   T* op = out.data_ptr<T>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* xsp = xs.data_ptr<float>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-  const int8_t* xqp = xq.data_ptr<int8_t>();
   // One item per tile of rows (work_split.h: each thread streams its own tiles, then helps a delayed one).
 #if defined(TRITONLLM_AVX512_VNNI)
   work_split::for_each(tiles, 1, [&](int64_t begin, int64_t end) {

@@ -288,7 +288,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto out = at::empty_like(q);
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
-  TORCH_CHECK(lens.numel() == q.size(0) && (lens.numel() == 0 || lens.min().item<int64_t>() >= 1),
+  TORCH_CHECK(lens.numel() == q.size(0), "one context length per decode");
+  // A loop, not lens.min().item(): two ATen calls per layer cost more than the check's few reads.
+  const int64_t* lengths = lens.data_ptr<int64_t>();
+  TORCH_CHECK(std::all_of(lengths, lengths + lens.numel(), [](int64_t n) { return n >= 1; }),
               "every decode attends to at least one key");
   if (bf16_cache) {
     decode_kernel<float, at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
