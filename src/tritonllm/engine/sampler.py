@@ -127,8 +127,10 @@ class Sampler:
         self.token_masks = TokenMasks()
         self._generator: torch.Generator | None = None  # unseeded draws, made on the logits' device
 
+    @torch.inference_mode()  # the model's logits are inference tensors, edited in place
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float | None]]:
-        """Token id and (if asked) its log-probability for each row of `logits` [S, vocab] fp32."""
+        """Token id and (if asked) its log-probability for each row of `logits` [S, vocab] fp32, which it may
+        edit in place (penalties, bans, grammar masks)."""
         scores = self._edited(logits, seqs)
         tokens = greedy_tokens(scores)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
@@ -145,13 +147,14 @@ class Sampler:
         return tokens.tolist(), logprobs
 
     def _edited(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """The logits after penalties, bans and grammar masks (a copy, only when something changes)."""
+        """The logits after penalties, bans and grammar masks: edited in place, or in a copy when some row
+        reports log-probabilities (those of the unedited logits)."""
         penalised = [i for i, s in enumerate(seqs) if s.params.uses_penalties]
         bans = [(i, t) for i, s in enumerate(seqs) for t in banned_tokens(s)]
         guided = [i for i, s in enumerate(seqs) if s.guide is not None]
         if not (penalised or bans or guided):
             return logits
-        scores = logits.clone()
+        scores = logits.clone() if any(s.params.logprobs for s in seqs) else logits
         if penalised:
             apply_penalties(scores, penalised, [seqs[i] for i in penalised])
         if bans:

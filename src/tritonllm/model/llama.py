@@ -302,5 +302,7 @@ class LlamaModel(nn.Module):
             delta = None
             for layer, kv_cache in zip(self.layers, kv_caches, strict=False):
                 delta = layer(x, delta, cos, sin, kv_cache, meta)
-        h = self.ops.add_rms_norm(x[logits_indices], delta[logits_indices], self.norm, self.args.rms_norm_eps)
+        if logits_indices.numel() != x.shape[0]:  # else every row samples, in order: no gather needed
+            x, delta = x[logits_indices], delta[logits_indices]
+        h = self.ops.add_rms_norm(x, delta, self.norm, self.args.rms_norm_eps)
         return self.lm_head(h).float()
