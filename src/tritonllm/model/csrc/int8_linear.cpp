@@ -315,7 +315,7 @@ V* grown(std::vector<V>& buffer, int64_t size) {
 }
 
 template <typename T>
-at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
   ActivationScratch& scratch = activation_scratch;
@@ -330,9 +330,6 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
 #else
   quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, nullptr);
 #endif
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor out = at::empty(shape, x.options());
   T* op = out.data_ptr<T>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
@@ -372,7 +369,6 @@ at::Tensor dot_product(const at::Tensor& x, const at::Tensor& packed, const c10:
     }
   });
 #endif
-  return out;
 }
 
 void check_packed(const at::Tensor& packed) {
@@ -413,14 +409,22 @@ at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
   return packed;
 }
 
-// x [..., K] float32/bfloat16; packed from int8_pack; bias (optional) padded like the rows, to ceil(N/8) * 8.
-// Returns [..., ceil(N/8) * 8]: callers drop the padded rows.
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+// x [..., K] float32/bfloat16; packed from int8_pack; bias (optional) padded like the rows, to ceil(N/R) * R for
+// tiles of R rows. out [..., ceil(N/R) * R] in x's dtype, written: callers drop the padded rows.
+void int8_linear_into(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   check_packed(packed);
   const int64_t tiles = packed.size(0), nb = packed.size(1);
   TORCH_CHECK(x.size(-1) <= nb * kBlock && x.size(-1) > (nb - 1) * kBlock, errors::message("activations have ", x.size(-1), " features; the weight holds ", nb * kBlock, " (padded)"));
   check_activations(x, x.size(-1));
   check_bias(bias, tiles * kTileRows);
-  if (x.scalar_type() == at::kFloat) return dot_product<float>(x, packed, bias);
-  return dot_product<at::BFloat16>(x, packed, bias);
+  check_output(out, x, tiles * kTileRows);
+  if (x.scalar_type() == at::kFloat) return dot_product<float>(x, packed, bias, out);
+  dot_product<at::BFloat16>(x, packed, bias, out);
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+  check_packed(packed);
+  at::Tensor out = linear_output(x, packed.size(0) * kTileRows);
+  int8_linear_into(x, packed, bias, out);
+  return out;
 }

@@ -82,23 +82,36 @@ void silu_mul_kernel(const T* gate_up, int64_t rows, int64_t width, T* out) {
 
 }  // namespace
 
-// x += delta (when given), then returns rms_norm(x) * weight. x [T, H] is updated in place.
-at::Tensor add_rms_norm(at::Tensor& x, const c10::optional<at::Tensor>& delta, const at::Tensor& weight, double eps) {
+// Each op below also comes as `<op>_into`, writing a given output (decode_stack.cpp reuses its buffers across layers).
+namespace {
+void check_op_output(const at::Tensor& out, at::IntArrayRef sizes, const at::Tensor& like) {
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == sizes && out.scalar_type() == like.scalar_type(),
+              "the output must be contiguous, of the op's shape and its input's dtype");
+}
+}  // namespace
+
+// x += delta (when given), then out = rms_norm(x) * weight. x [T, H] is updated in place.
+void add_rms_norm_into(at::Tensor& x, const c10::optional<at::Tensor>& delta, const at::Tensor& weight, double eps, at::Tensor& out) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.is_contiguous() && weight.numel() == x.size(1), "x must be contiguous [T, H]");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight and x must share a dtype");
   if (delta) TORCH_CHECK(delta->is_contiguous() && delta->sizes() == x.sizes() && delta->scalar_type() == x.scalar_type(), "delta must match x");
-  at::Tensor out = at::empty_like(x);
+  check_op_output(out, x.sizes(), x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
     add_rms_norm_kernel<scalar_t>(x.data_ptr<scalar_t>(), delta ? delta->data_ptr<scalar_t>() : nullptr, weight.data_ptr<scalar_t>(),
                                   static_cast<float>(eps), x.size(0), x.size(1), out.data_ptr<scalar_t>());
   });
+}
+
+at::Tensor add_rms_norm(at::Tensor& x, const c10::optional<at::Tensor>& delta, const at::Tensor& weight, double eps) {
+  at::Tensor out = at::empty_like(x);
+  add_rms_norm_into(x, delta, weight, eps, out);
   return out;
 }
 
 // qkv [T, (H + 2 KV) * D]; cos/sin [T, D]; slots [T] int64; caches [KV, blocks, block_size, D].
-// Returns the rotated queries and keys [T, H + KV, D]; the caches receive keys and values.
-at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
-                          at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
+// qk receives the rotated queries and keys [T, H + KV, D]; the caches receive keys and values.
+void rope_and_cache_into(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                         at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads, at::Tensor& qk) {
   const int64_t kv_heads = k_cache.size(0), head_dim = k_cache.size(3), tokens = qkv.size(0);
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv must be contiguous [T, (H + 2 KV) D]");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim && sin.numel() == cos.numel(), "cos/sin must be [T, D]");
@@ -107,30 +120,43 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
   const bool bf16_cache = qkv.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
   TORCH_CHECK(k_cache.scalar_type() == qkv.scalar_type() || bf16_cache, "the caches must have qkv's dtype, or bfloat16 under float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && slots.scalar_type() == at::kLong && slots.numel() == tokens, "caches contiguous, slots int64 [T]");
-  at::Tensor qk = at::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
+  check_op_output(qk, {tokens, heads + kv_heads, head_dim}, qkv);
   const at::Tensor slot_ids = slots.contiguous();
   const int64_t slots_per_head = k_cache.size(1) * k_cache.size(2);
   if (bf16_cache) {
     rope_cache_kernel<float, at::BFloat16>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), slot_ids.data_ptr<int64_t>(),
                                            tokens, heads, kv_heads, head_dim, qk.data_ptr<float>(), k_cache.data_ptr<at::BFloat16>(),
                                            v_cache.data_ptr<at::BFloat16>(), slots_per_head);
-    return qk;
+    return;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, qkv.scalar_type(), "rope_and_cache", [&] {
     rope_cache_kernel<scalar_t, scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), slot_ids.data_ptr<int64_t>(),
                                           tokens, heads, kv_heads, head_dim, qk.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                                           v_cache.data_ptr<scalar_t>(), slots_per_head);
   });
+}
+
+at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                          at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
+  TORCH_CHECK(k_cache.dim() == 4, "caches must be [KV, blocks, block_size, D]");
+  at::Tensor qk = at::empty({qkv.size(0), heads + k_cache.size(0), k_cache.size(3)}, qkv.options());
+  rope_and_cache_into(qkv, cos, sin, slots, k_cache, v_cache, heads, qk);
   return qk;
 }
 
-// gate_up [T, 2F] (gate then up) -> silu(gate) * up [T, F].
-at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+// gate_up [T, 2F] (gate then up) -> out = silu(gate) * up [T, F].
+void silu_and_mul_into(const at::Tensor& gate_up, at::Tensor& out) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, "gate_up must be contiguous [T, 2F]");
   const int64_t width = gate_up.size(1) / 2;
-  at::Tensor out = at::empty({gate_up.size(0), width}, gate_up.options());
+  check_op_output(out, {gate_up.size(0), width}, gate_up);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate_up.scalar_type(), "silu_and_mul", [&] {
     silu_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), gate_up.size(0), width, out.data_ptr<scalar_t>());
   });
+}
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2, "gate_up must be contiguous [T, 2F]");
+  at::Tensor out = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  silu_and_mul_into(gate_up, out);
   return out;
 }

@@ -120,11 +120,8 @@ inline void dispatch_tile(int64_t rows, int64_t tokens, Fn&& fn) {
 // The few-token driver of the bf16 kernel: `tile(rn, rm, row, token, acc)` computes rn weight rows
 // from `row` x rm tokens from `token` (rn, rm compile-time); edge rows go one at a time.
 template <typename T, typename TileFn>
-at::Tensor run_small(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias, TileFn tile) {
+void run_small(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias, at::Tensor& out, TileFn tile) {
   const int64_t k = x.size(-1), m = x.numel() / k;
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor out = at::empty(shape, x.options());
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   run_tiles<kRows, kTokens>(n, m, bp, out.data_ptr<T>(), [&](int64_t n0, int64_t rows, int64_t m0, int64_t tokens, float* acc) {
     if (rows == kRows) {
@@ -137,26 +134,25 @@ at::Tensor run_small(const at::Tensor& x, int64_t n, const c10::optional<at::Ten
       for (int64_t t = 0; t < tokens; ++t) acc[t * kRows + r] = one[t];
     }
   });
-  return out;
 }
 
 template <typename T>
-at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+void bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   const int64_t k = x.size(-1);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const T* xp = x.data_ptr<T>();
-  return run_small<T>(x, w.size(0), bias, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
+  run_small<T>(x, w.size(0), bias, out, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
     bf16_tile<decltype(rn)::value, decltype(rm)::value, T>(wp + row * k, xp + token * k, k, acc);
   });
 }
 
 #ifdef TRITONLLM_AVX512_BF16
 // bf16 activations x bf16 weights through the vdpbf16ps tiles, at any number of tokens.
-at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+void bf16_dot_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   const int64_t k = x.size(-1);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  return run_small<at::BFloat16>(x, w.size(0), bias, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
+  run_small<at::BFloat16>(x, w.size(0), bias, out, [&](auto rn, auto rm, int64_t row, int64_t token, float* acc) {
     bf16_dot_tile<decltype(rn)::value, decltype(rm)::value>(wp + row * k, xp + token * k, k, acc);
   });
 }
@@ -241,39 +237,55 @@ void check_bias(const c10::optional<at::Tensor>& bias, int64_t n) {
   if (bias) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "bias must be float32 [out_features]");
 }
 
-at::Tensor wide_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+// A linear's output for activations x [..., K] and n output features: [..., n] in x's dtype.
+at::Tensor linear_output(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return at::empty(shape, x.options());
+}
+
+void check_output(const at::Tensor& out, const at::Tensor& x, int64_t n) {
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() && out.numel() == x.numel() / x.size(-1) * n,
+              errors::message("the output must be contiguous, in the activations' dtype, with ", n, " features a token"));
+}
+
+void wide_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   const int64_t k = x.size(-1), m = x.numel() / k, n = weight.size(0);
   const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   const at::Tensor x32 = fp32_activations(x, m, k);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor out = at::empty(shape, x.options());
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   if (x.scalar_type() == at::kFloat)
     run_wide(n, m, k, w, x32.data_ptr<float>(), bp, out.data_ptr<float>());
   else
     run_wide(n, m, k, w, x32.data_ptr<float>(), bp, out.data_ptr<at::BFloat16>());
-  return out;
 }
 
 }  // namespace
 
-// x [..., K] float32/bfloat16; w bfloat16 [N, K].
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+// x [..., K] float32/bfloat16; w bfloat16 [N, K]; out [..., N] in x's dtype, written.
+void bf16_linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous(), "weight must be contiguous bfloat16 [N, K]");
   check_activations(x, w.size(1));
   check_bias(bias, w.size(0));
+  check_output(out, x, w.size(0));
   const int64_t k = x.size(-1), m = x.numel() / k;
 #ifdef TRITONLLM_AVX512_BF16
   // bf16 activations take the dot tiles from 2 tokens at every size: over SmolLM2's layers they beat the fp32
   // expansion 2.2x at 16 tokens, 1.75x at 32 and 1.3x at 128 (2 threads). One token is memory-bound: there they
   // were no faster than the AVX2 tile on 2 threads (0.87-1.22x over four runs on a Zen 5 host, served batch 1
   // 0.88 vs 1.12 of llama.cpp's speed), so it keeps the AVX2 tile.
-  if (x.scalar_type() == at::kBFloat16 && m > 1) return bf16_dot_linear(x, w, bias);
+  if (x.scalar_type() == at::kBFloat16 && m > 1) return bf16_dot_linear(x, w, bias, out);
 #endif
-  if (m > kSmallBatch) return wide_linear(x, w, bias);
-  if (x.scalar_type() == at::kFloat) return bf16_linear_impl<float>(x, w, bias);
-  return bf16_linear_impl<at::BFloat16>(x, w, bias);
+  if (m > kSmallBatch) return wide_linear(x, w, bias, out);
+  if (x.scalar_type() == at::kFloat) return bf16_linear_impl<float>(x, w, bias, out);
+  bf16_linear_impl<at::BFloat16>(x, w, bias, out);
+}
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(w.dim() == 2, "weight must be contiguous bfloat16 [N, K]");
+  at::Tensor out = linear_output(x, w.size(0));
+  bf16_linear_into(x, w, bias, out);
+  return out;
 }
 
 bool built_with_avx2() {

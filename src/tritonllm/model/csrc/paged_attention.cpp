@@ -273,8 +273,8 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
 
 }  // namespace
 
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, at::Tensor& out) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [seqs, heads, head_dim]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches must be contiguous [kv_heads, blocks, block_size, head_dim]");
@@ -285,7 +285,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "block tables and lengths must be int64");
   TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "heads must be a multiple of kv heads");
-  auto out = at::empty_like(q);
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(), "the output must be like q");
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
   TORCH_CHECK(lens.numel() == q.size(0), "one context length per decode");
@@ -295,10 +295,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "every decode attends to at least one key");
   if (bf16_cache) {
     decode_kernel<float, at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
-    return out;
+    return;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
     decode_kernel<scalar_t, scalar_t>(q, k_cache, v_cache, tables, lens, scale, out);
   });
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  at::Tensor out = at::empty_like(q);
+  paged_decode_attention_into(q, k_cache, v_cache, block_tables, context_lens, scale, out);
   return out;
 }
