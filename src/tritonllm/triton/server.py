@@ -103,6 +103,9 @@ def server_command(
         "--load-model=*",
         "--exit-on-error=true",
         "--strict-readiness=true",
+        # Every config.pbtxt is complete: auto-completion would start each Python model's stub (importing
+        # torch and transformers) once more just to ask it, about half of a start on a 2-core machine.
+        "--disable-auto-complete-config",
         f"--exit-timeout-secs={options.exit_timeout_s}",
         f"--log-verbose={options.log_verbose}",
     ]
