@@ -79,6 +79,26 @@ def _hf_greedy(
     return tuple(out[0, len(prompt) :].tolist())
 
 
+def hf_greedy_batch(path: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """HF greedy `generate()` for many prompts in one left-padded fp32 batch, EOS ignored. On a 2-core CPU 5x
+    faster than one call a prompt, and the same tokens there (22 SmolLM2 prompts x 24); bf16 batches are not:
+    padding changes its roundings, so bf16 references use `hf_greedy`."""
+    model = _hf_model(str(path), torch.float32)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=TEST_DEVICE)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=TEST_DEVICE)
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return [row[width:].tolist() for row in out]
+
+
 def greedy(max_tokens: int, **kwargs) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
 

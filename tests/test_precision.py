@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import SMOLLM2_TEXTS, agreement_before_divergence, greedy, hf_greedy, make_engine
+from engine_helpers import (
+    SMOLLM2_TEXTS,
+    agreement_before_divergence,
+    greedy,
+    hf_greedy,
+    hf_greedy_batch,
+    make_engine,
+)
 from transformers import AutoTokenizer
 
 from tritonllm.engine import EngineConfig
@@ -95,7 +102,7 @@ def test_bf16_agrees_with_hf_in_bf16(smollm2_dir: Path, prompts: list[list[int]]
 
 
 def test_int8_agrees_with_hf(smollm2_dir: Path, prompts: list[list[int]]) -> None:
-    expected = [hf_greedy(smollm2_dir, p, MAX_NEW) for p in prompts]
+    expected = hf_greedy_batch(smollm2_dir, prompts, MAX_NEW)
     got = make_engine(smollm2_dir, quantization="int8").generate(prompts, greedy(MAX_NEW))
     agreement = agreement_before_divergence(got, expected)
     assert agreement >= MIN_AGREEMENT["int8_vs_hf"], f"agreement {agreement:.3f}"
