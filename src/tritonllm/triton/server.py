@@ -177,15 +177,18 @@ class TritonServer:
         """Wait until every model is ready; raises if the server exits or the time runs out."""
         assert self.process is not None
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
+        # Metrics start a moment after HTTP and gRPC: ready means they answer too.
+        urls = [f"http://{self.http_url}/v2/health/ready", self.metrics_url]
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.process.returncode} before it was ready")
-            with (
-                contextlib.suppress(urllib.error.URLError, ConnectionError, OSError),
-                urllib.request.urlopen(url, timeout=2) as response,
-            ):
-                if response.status == 200:
+            with contextlib.suppress(urllib.error.URLError, ConnectionError, OSError):
+                while urls:
+                    with urllib.request.urlopen(urls[0], timeout=2) as response:
+                        if response.status != 200:
+                            break
+                    urls.pop(0)
+                if not urls:
                     return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready within {timeout_s}s")
