@@ -117,6 +117,16 @@ def server_command(
     return cmd
 
 
+def _answers(url: str) -> bool:
+    """Whether a GET of `url` returns 200 now."""
+    with (
+        contextlib.suppress(urllib.error.URLError, ConnectionError, OSError),
+        urllib.request.urlopen(url, timeout=2) as response,
+    ):
+        return response.status == 200
+    return False
+
+
 class TritonServer:
     """A `tritonserver` child process: `start`, `wait_ready`, `stop` (also a context manager)."""
 
@@ -182,14 +192,8 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.process.returncode} before it was ready")
-            with contextlib.suppress(urllib.error.URLError, ConnectionError, OSError):
-                while urls:
-                    with urllib.request.urlopen(urls[0], timeout=2) as response:
-                        if response.status != 200:
-                            break
-                    urls.pop(0)
-                if not urls:
-                    return
+            if all(_answers(url) for url in urls):
+                return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready within {timeout_s}s")
 
