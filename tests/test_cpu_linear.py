@@ -182,3 +182,50 @@ def test_shape_mismatches_raise_with_the_sizes_in_the_message(isa: str) -> None:
     packed = kernels.int8_pack(q, scale)
     with pytest.raises(RuntimeError, match="activations have 100 features; the weight holds 64"):
         kernels.int8_linear(torch.zeros(1, 100), packed)
+
+
+def calls_aten_mm(kernels, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The kernel's answer, and whether it went through ATen's GEMM (the profiler sees its C++ call)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        y = kernels.bf16_linear(x, w)
+    return y, any(event.name == "aten::mm" for event in profile.events())
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+def test_bf16_activations_from_the_threshold_take_the_gemm_with_the_kernels_answer(isa: str) -> None:
+    """On AMX CPUs bf16 linears from `onednn_bf16_min_tokens` tokens on run ATen's GEMM (oneDNN's AMX tiles);
+    forced here on any CPU (ATen's own bf16 GEMM where oneDNN has none). Fewer tokens and fp32 activations
+    keep the kernel; the GEMM's answer is within a bf16 rounding of the kernel's."""
+    kernels = load_kernels(isa)
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(40, 100, generator=gen).bfloat16()
+    x = torch.randn(12, 100, generator=gen)
+    previous = kernels.onednn_bf16_min_tokens()
+    try:
+        kernels.set_onednn_bf16_min_tokens(0)
+        expected = kernels.bf16_linear(x.bfloat16(), w)
+        kernels.set_onednn_bf16_min_tokens(8)
+        got, routed = calls_aten_mm(kernels, x.bfloat16(), w)
+        assert routed
+        torch.testing.assert_close(got.float(), expected.float(), atol=0.07, rtol=0.01)
+        few, routed = calls_aten_mm(kernels, x[:7].bfloat16(), w)
+        assert not routed and torch.equal(few, expected[:7])
+        _, routed = calls_aten_mm(kernels, x, w)
+        assert not routed
+        with pytest.raises(RuntimeError, match="or 0 for never"):
+            kernels.set_onednn_bf16_min_tokens(-1)
+    finally:
+        kernels.set_onednn_bf16_min_tokens(previous)
+
+
+def test_the_gemm_threshold_follows_amx_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritonllm.model import cpu_kernels
+
+    amx = "amx_bf16" in cpu_kernels.cpu_flags() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    monkeypatch.delenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", raising=False)
+    assert cpu_kernels.onednn_bf16_min_tokens() == (cpu_kernels.ONEDNN_BF16_MIN_TOKENS if amx else 0)
+    monkeypatch.setenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", "0")
+    assert cpu_kernels.onednn_bf16_min_tokens() == 0
+    monkeypatch.setenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", "many")
+    with pytest.raises(RuntimeError, match="a number of tokens"):
+        cpu_kernels.onednn_bf16_min_tokens()

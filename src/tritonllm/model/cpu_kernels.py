@@ -4,7 +4,8 @@ One build per instruction set, chosen at run time from the CPU's capability and 
 `-march=native`: a cache or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|
 avx512_vnni|avx512_bf16` forces a variant (the tests use it for the portable path);
 `TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch (attention) or to dequantized
-weights (linears).
+weights (linears). On CPUs with AMX, bf16 linears from `ONEDNN_BF16_MIN_TOKENS` tokens on run oneDNN's GEMM
+(`TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N` sets the threshold anywhere, 0 turns it off).
 """
 
 from __future__ import annotations
@@ -78,6 +79,25 @@ def selected_isa() -> str:
             raise RuntimeError(f"TRITONLLM_CPU_ISA={forced}: this CPU runs only {supported_isas()}")
         return forced
     return supported_isas()[0]
+
+
+# oneDNN's bf16 GEMM runs on AMX tiles. Over SmolLM2's layers on a Xeon with AMX (bench_kernels.py, 1 thread)
+# it took 35 ms at 32 tokens, 56 at 128 and 146 at 512 against the bf16 kernel's 137, 508 and 1961 on fp32
+# activations (bf16 ones take its dot-product tiles, ~1.75x faster at 32: still ~2x behind); at 8 tokens 49
+# against 95, where the dot tiles were not measured, hence 16. One token stays with the kernel (25 vs 46 ms).
+# Without AMX the kernels stay (not measured there).
+ONEDNN_BF16_MIN_TOKENS = 16
+
+
+def onednn_bf16_min_tokens() -> int:
+    """From how many tokens bf16 linears take oneDNN's GEMM: ONEDNN_BF16_MIN_TOKENS on AMX CPUs, else 0."""
+    forced = os.environ.get("TRITONLLM_ONEDNN_BF16_MIN_TOKENS")
+    if forced is not None:
+        if not forced.isdigit():
+            raise RuntimeError(f"TRITONLLM_ONEDNN_BF16_MIN_TOKENS={forced}: a number of tokens, 0 for never")
+        return int(forced)
+    amx = "amx_bf16" in cpu_flags() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return ONEDNN_BF16_MIN_TOKENS if amx else 0
 
 
 BUILD_WAIT_S = 900.0  # another process's build of the same variant: a few minutes on a busy 2-core machine
@@ -154,5 +174,11 @@ def load_kernels(isa: str | None = None) -> ModuleType | None:
     except Exception as exc:  # noqa: BLE001 -- any build failure means: use the PyTorch path
         log.warning("CPU kernels unavailable (%s); using the PyTorch path", exc)
         return None
-    log.info("CPU kernels: %s build (CPU flags: %s)", isa, " ".join(cpu_flags()))
+    module.set_onednn_bf16_min_tokens(onednn_bf16_min_tokens())
+    log.info(
+        "CPU kernels: %s build, bf16 linears through oneDNN from %s tokens (CPU flags: %s)",
+        isa,
+        module.onednn_bf16_min_tokens() or "no number of",
+        " ".join(cpu_flags()),
+    )
     return module

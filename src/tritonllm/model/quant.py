@@ -63,8 +63,9 @@ def cpu_kernels(device: torch.device):
 class Bf16Linear(nn.Module):
     """y = x W^T + b with bf16 weights and fp32 accumulation; x in fp32 or bf16, y in x's dtype.
 
-    On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed); elsewhere, or
-    without the kernel, F.linear in bf16.
+    On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed), and on AMX CPUs
+    hands bf16 activations of a few tokens or more to oneDNN's GEMM; elsewhere, or without the kernel,
+    F.linear in bf16.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -74,12 +75,17 @@ class Bf16Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and blas_sized(x):
+        if self.kernels is not None and blas_sized(x) and not self.onednn_bf16(x):
             return F.linear(x.float(), self.weight.float(), self.bias).to(x.dtype)
         if self.kernels is not None:
             return kernel_dtypes(self.kernels.bf16_linear, x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
         return F.linear(x.to(torch.bfloat16), self.weight, bias).to(x.dtype)
+
+    def onednn_bf16(self, x: torch.Tensor) -> bool:
+        """Whether the kernel hands these bf16 activations to oneDNN's GEMM (AMX CPUs; cpu_kernels.py)."""
+        threshold = self.kernels.onednn_bf16_min_tokens()
+        return x.dtype == torch.bfloat16 and 0 < threshold <= x.numel() // x.shape[-1]
 
 
 def kernel_dtypes(kernel, x: torch.Tensor, *weights) -> torch.Tensor:

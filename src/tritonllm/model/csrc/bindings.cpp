@@ -26,6 +26,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
   m.def("bf16_linear", &bf16_linear, "x @ W^T for bfloat16 weights, fp32 accumulation", pybind11::arg("x"),
         pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(), release());
+  m.def("set_onednn_bf16_min_tokens", &set_onednn_bf16_min_tokens,
+        "from how many tokens bf16 activations x bf16 weights run through ATen's GEMM (oneDNN, AMX); 0: never");
+  m.def("onednn_bf16_min_tokens", &onednn_bf16_min_tokens, "see set_onednn_bf16_min_tokens");
   m.def("add_rms_norm", &add_rms_norm, "x += delta (in place, when given); returns rms_norm(x) * weight",
         pybind11::arg("x"), pybind11::arg("delta"), pybind11::arg("weight"), pybind11::arg("eps"), release());
   m.def("rope_and_cache", &rope_and_cache, "RoPE on q and k of a fused qkv; k and v written to the paged cache",

@@ -5,12 +5,16 @@
 // vdpbf16ps tiles straight from the bf16 rows at every size instead.
 // The AVX2 paths are used when the translation unit is compiled with AVX2+FMA (cpu_kernels.py builds one
 // variant per instruction set and picks it from the CPU's flags); otherwise portable loops run.
+// On CPUs with AMX, bf16 activations from a few tokens on go to ATen's GEMM instead (oneDNN's AMX tiles),
+// from the number of tokens cpu_kernels.py sets at load (set_onednn_bf16_min_tokens).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -260,7 +264,26 @@ void wide_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optio
     run_wide(n, m, k, w, x32.data_ptr<float>(), bp, out.data_ptr<at::BFloat16>());
 }
 
+// oneDNN's bf16 GEMM (AMX tiles where the CPU has them; fp32 accumulation, rounded once to bf16), then the
+// bias in fp32 as the kernels add it.
+void gemm_bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
+  const int64_t k = x.size(-1), m = x.numel() / k;
+  at::Tensor out_rows = out.view({m, w.size(0)});
+  at::mm_out(out_rows, x.view({m, k}), w.t());
+  if (bias) out_rows.add_(*bias);
+}
+
+// From how many tokens bf16 activations take gemm_bf16_linear (0: never).
+std::atomic<int64_t> onednn_bf16_min_tokens_{0};
+
 }  // namespace
+
+void set_onednn_bf16_min_tokens(int64_t tokens) {
+  TORCH_CHECK(tokens >= 0, "a number of tokens, or 0 for never");
+  onednn_bf16_min_tokens_.store(tokens);
+}
+
+int64_t onednn_bf16_min_tokens() { return onednn_bf16_min_tokens_.load(); }
 
 // x [..., K] float32/bfloat16; w bfloat16 [N, K]; out [..., N] in x's dtype, written.
 void bf16_linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
@@ -269,6 +292,8 @@ void bf16_linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optio
   check_bias(bias, w.size(0));
   check_output(out, x, w.size(0));
   const int64_t k = x.size(-1), m = x.numel() / k;
+  const int64_t gemm_from = onednn_bf16_min_tokens_.load(std::memory_order_relaxed);
+  if (x.scalar_type() == at::kBFloat16 && gemm_from > 0 && m >= gemm_from) return gemm_bf16_linear(x, w, bias, out);
 #ifdef TRITONLLM_AVX512_BF16
   // bf16 activations take the dot tiles from 2 tokens at every size: over SmolLM2's layers they beat the fp32
   // expansion 2.2x at 16 tokens, 1.75x at 32 and 1.3x at 128 (2 threads). One token is memory-bound: there they
