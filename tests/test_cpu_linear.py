@@ -229,3 +229,17 @@ def test_the_gemm_threshold_follows_amx_unless_set(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", "many")
     with pytest.raises(RuntimeError, match="a number of tokens"):
         cpu_kernels.onednn_bf16_min_tokens()
+
+
+def test_engine_stats_name_the_gemm_threshold() -> None:
+    from tritonllm.engine.model_runner import describe_kernels
+
+    kernels = load_kernels()
+    previous = kernels.onednn_bf16_min_tokens()
+    try:
+        kernels.set_onednn_bf16_min_tokens(0)
+        assert "onednn" not in describe_kernels(torch.device("cpu"))
+        kernels.set_onednn_bf16_min_tokens(16)
+        assert ", bf16 from 16 tokens: onednn (" in describe_kernels(torch.device("cpu"))
+    finally:
+        kernels.set_onednn_bf16_min_tokens(previous)

@@ -21,9 +21,12 @@ def describe_kernels(device: torch.device) -> str:
     """Which kernels a model on `device` runs, with the CPU's SIMD flags (logged and in engine stats)."""
     if device.type != "cpu":
         return device.type
-    if load_kernels() is None:
+    kernels = load_kernels()
+    if kernels is None:
         return f"pytorch ({' '.join(cpu_flags())})"
-    return f"cpu-{selected_isa()} ({' '.join(cpu_flags())})"
+    gemm_from = kernels.onednn_bf16_min_tokens()
+    gemm = f", bf16 from {gemm_from} tokens: onednn" if gemm_from else ""
+    return f"cpu-{selected_isa()}{gemm} ({' '.join(cpu_flags())})"
 
 
 class ModelRunner:
