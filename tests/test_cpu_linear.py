@@ -221,9 +221,9 @@ def test_bf16_activations_from_the_threshold_take_the_gemm_with_the_kernels_answ
 def test_the_gemm_threshold_follows_amx_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     from tritonllm.model import cpu_kernels
 
-    amx = "amx_bf16" in cpu_kernels.cpu_flags() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     monkeypatch.delenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", raising=False)
-    assert cpu_kernels.onednn_bf16_min_tokens() == (cpu_kernels.ONEDNN_BF16_MIN_TOKENS if amx else 0)
+    expected = cpu_kernels.ONEDNN_BF16_MIN_TOKENS if cpu_kernels.amx_bf16_gemm() else 0
+    assert cpu_kernels.onednn_bf16_min_tokens() == expected
     monkeypatch.setenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", "0")
     assert cpu_kernels.onednn_bf16_min_tokens() == 0
     monkeypatch.setenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", "many")

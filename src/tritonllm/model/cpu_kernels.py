@@ -96,8 +96,12 @@ def onednn_bf16_min_tokens() -> int:
         if not forced.isdigit():
             raise RuntimeError(f"TRITONLLM_ONEDNN_BF16_MIN_TOKENS={forced}: a number of tokens, 0 for never")
         return int(forced)
-    amx = "amx_bf16" in cpu_flags() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return ONEDNN_BF16_MIN_TOKENS if amx else 0
+    return ONEDNN_BF16_MIN_TOKENS if amx_bf16_gemm() else 0
+
+
+def amx_bf16_gemm() -> bool:
+    """Whether oneDNN's bf16 GEMM runs on AMX tiles here."""
+    return "amx_bf16" in cpu_flags() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 BUILD_WAIT_S = 900.0  # another process's build of the same variant: a few minutes on a busy 2-core machine
