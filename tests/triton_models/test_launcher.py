@@ -55,6 +55,9 @@ def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
     assert options_from_args(restarts).max_engine_restarts == 0
     interval = args.parse_args(["--model", str(tmp_path), "--stream-interval", "4"])
     assert options_from_args(interval).stream_interval == 4
+    budget = options_from_args(args.parse_args(["--model", str(tmp_path), "--max-num-batched-tokens", "128"]))
+    engine = (render_repository(tmp_path / "budget", budget) / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'key: "max_num_batched_tokens" value: { string_value: "128" }' in engine
     with pytest.raises(ValueError, match="stream_interval"):
         LaunchOptions(model=str(tmp_path), stream_interval=0)
 

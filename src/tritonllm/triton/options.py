@@ -94,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, default=64, help="Triton max_batch_size of every model")
     parser.add_argument("--max-num-seqs", type=int, help="engine: requests in the running batch")
     parser.add_argument("--max-waiting", type=int, help="engine: waiting requests before 'busy' errors")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="engine: tokens a step computes, prefill chunks included (default 512); fewer give running "
+        "streams steadier inter-token times under bursts of prompts, at some time to first token",
+    )
     parser.add_argument("--num-kv-blocks", type=int)
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--threads", type=int, help="engine CPU threads (default: the cores available)")
@@ -162,6 +168,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         preprocessing_instances=args.preprocessing_instances,
         max_num_seqs=args.max_num_seqs,
         max_waiting=args.max_waiting,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
