@@ -42,6 +42,7 @@ def test_summarise_ttft_gaps_and_rates() -> None:
     assert s["errors"] == 1 and not s["exact_lengths"] and s["first_error"] == "RuntimeError: boom"
     assert s["ttft_p50_ms"] == pytest.approx(500)
     assert s["itl_p50_ms"] == pytest.approx(250)
+    assert s["itl_max_ms"] == pytest.approx(500) and 250 < s["itl_p99_ms"] <= 500
     assert s["out_tok_s"] == pytest.approx(4 / 2.5)  # wall from the first send (0.0) to the last token
     sequential = summarise([r], sequential=True)
     assert sequential["exact_lengths"] and sequential["out_tok_s"] == pytest.approx(3 / 1.0)

@@ -177,7 +177,9 @@ def summarise(results: list[RequestResult], sequential: bool) -> dict[str, float
     """TTFT and inter-token latency percentiles (ms), output tok/s; batch-1 decode rate when sequential.
 
     Inter-token gaps are per token: a chunk of k tokens arriving d seconds after the previous one
-    counts as k gaps of d/k. `out_tok_s` is all output tokens over the wall time from the first send
+    counts as k gaps of d/k. p99 and the longest gap are kept beside p95: two servers can stall their
+    streams for the same total time in many short or few long steps, which p95 alone tells apart the
+    wrong way round. `out_tok_s` is all output tokens over the wall time from the first send
     to the last token; for a sequential workload it is the median decode rate of the requests
     (tokens after the first over the time after the first)."""
     ok = [r for r in results if r.error is None and r.chunks]
@@ -206,5 +208,7 @@ def summarise(results: list[RequestResult], sequential: bool) -> dict[str, float
         "ttft_p95_ms": _pct(ttft, 95),
         "itl_p50_ms": _pct(gaps, 50),
         "itl_p95_ms": _pct(gaps, 95),
+        "itl_p99_ms": _pct(gaps, 99),
+        "itl_max_ms": max(gaps, default=None),
         "first_error": next((r.error for r in results if r.error), None),
     }
