@@ -50,7 +50,8 @@ def test_summarise_ttft_gaps_and_rates() -> None:
 
 def _summary(tok_s: float, ttft_p95: float = 100.0) -> dict:
     return {"requests": 1, "errors": 0, "exact_lengths": True, "out_tok_s": tok_s, "ttft_p50_ms": 50.0,
-            "ttft_p95_ms": ttft_p95, "itl_p50_ms": 10.0, "itl_p95_ms": 20.0}  # fmt: skip
+            "ttft_p95_ms": ttft_p95, "itl_p50_ms": 10.0, "itl_p95_ms": 20.0, "itl_p99_ms": 30.0,
+            "itl_max_ms": 40.0}  # fmt: skip
 
 
 def test_ratios_pair_same_weight_bits_and_vllm() -> None:

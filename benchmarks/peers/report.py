@@ -118,8 +118,8 @@ def markdown(
             lines.append(
                 f"| {label} | {w} | {s['requests']} | {s['errors']} | {exact} | "
                 f"{_fmt(s['out_tok_s'], 1)} | {_fmt(s['ttft_p50_ms'])} | {_fmt(s['ttft_p95_ms'])} | "
-                f"{_fmt(s['itl_p50_ms'], 1)} | {_fmt(s['itl_p95_ms'], 1)} | {_fmt(s.get('itl_p99_ms'), 1)} | "
-                f"{_fmt(s.get('itl_max_ms'), 1)} |"
+                f"{_fmt(s['itl_p50_ms'], 1)} | {_fmt(s['itl_p95_ms'], 1)} | {_fmt(s['itl_p99_ms'], 1)} | "
+                f"{_fmt(s['itl_max_ms'], 1)} |"
             )
     return "\n".join(lines) + "\n"
 

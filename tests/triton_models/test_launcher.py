@@ -55,11 +55,17 @@ def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
     assert options_from_args(restarts).max_engine_restarts == 0
     interval = args.parse_args(["--model", str(tmp_path), "--stream-interval", "4"])
     assert options_from_args(interval).stream_interval == 4
+    with pytest.raises(ValueError, match="stream_interval"):
+        LaunchOptions(model=str(tmp_path), stream_interval=0)
+
+
+def test_launch_renders_the_step_token_budget(tmp_path: Path) -> None:
+    """`--max-num-batched-tokens` reaches the engine model's config."""
+    args = argparse.ArgumentParser()
+    add_arguments(args)
     budget = options_from_args(args.parse_args(["--model", str(tmp_path), "--max-num-batched-tokens", "128"]))
     engine = (render_repository(tmp_path / "budget", budget) / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'key: "max_num_batched_tokens" value: { string_value: "128" }' in engine
-    with pytest.raises(ValueError, match="stream_interval"):
-        LaunchOptions(model=str(tmp_path), stream_interval=0)
 
 
 def test_launch_serves_auto_quantization_and_dtype_by_default(tmp_path: Path) -> None:
