@@ -370,7 +370,8 @@ def test_client_disconnect_mid_stream_frees_the_kv_blocks(stack: Stack) -> None:
         lines = response.iter_lines()
         got = [line for line, _ in zip(lines, range(6), strict=False) if line]
         assert len(got) >= 3
-        assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) > 0, timeout_s=5)
+    # Closed at once: the tiny model ends 400 tokens in ~0.4 s, so waiting here (e.g. for the 0.25 s
+    # metrics refresh) would race its natural end. The abort counter proves it was still running.
     # Connection closed mid-stream: the front door cancels the gRPC stream, the BLS the engine request.
     assert wait_for(lambda: metric_sum(stack.metrics, ABORTED) == aborted + 1, timeout_s=10)
     assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) == 0, timeout_s=10)
