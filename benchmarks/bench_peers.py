@@ -18,7 +18,8 @@ Servers: `tritonllm` (`.venv/bin/tritonllm launch`, gRPC streaming into `tensorr
 folder), `vllm` (vLLM CPU's OpenAI server, bf16). Set-up is cached in .cache/peers/ (first run: the
 llama.cpp build takes 10-20 min on 2 cores, the vLLM install a few minutes).
 
-Writes <out>/<name>.json and .md (tables, CPU flags, load average) and <out>/raw/<name>-<time>.json
+Writes <out>/<name>.json and .md (tables, CPU flags, load average), <out>/<name>.png (throughput, TTFT
+and inter-token gaps side by side: `peers/plot.py`) and <out>/raw/<name>-<time>.json
 (every request's chunk arrival times) plus the server logs in <out>/raw/.
 
     .venv/bin/python benchmarks/bench_peers.py --quick
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from peers import install, servers
+from peers.plot import figure
 from peers.report import cpu_info, markdown
 from peers.workloads import (
     RequestSpec,
@@ -155,6 +157,7 @@ class Run:
             "failures": self.failures,
         }
         (self.out / f"{self.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        figure(result, self.out / f"{self.name}.png")
         (self.raw_dir / "requests.json").write_text(json.dumps(self.raw) + "\n")
         return table
 

@@ -82,3 +82,32 @@ def test_ratios_pair_same_weight_bits_and_vllm() -> None:
     text = markdown(summaries, weights, ours, {"b1": "1 request", "poisson": "Poisson"}, meta)
     assert "| tritonllm --quantization int8 | llama-q8_0 | 0.75 | - | - |" in text
     assert "flags: avx2" in text
+
+
+def test_plot_draws_every_server_and_recomputes_summaries_from_raw(tmp_path: Path) -> None:
+    """A run's PNG from its raw requests: summaries recomputed as the benchmark does (so older runs get
+    ITL p99 and the longest gap), workloads a server did not run left out rather than failing the plot."""
+    from matplotlib.image import imread
+    from peers.plot import figure, resummarise
+
+    stream = {"sent_s": 1.0, "max_tokens": 4, "chunks": [[1.5, 1], [2.0, 2], [2.5, 1]], "error": None}
+    raw = {
+        "tritonllm": {"b1": [stream], "c32": [stream], "mixed": [stream], "poisson": [stream]},
+        "vllm-bf16": {"b1": [stream], "c32": [stream | {"max_tokens": 5}]},
+    }
+    meta = {
+        "cpu_model": "AMD EPYC",
+        "cores": 2,
+        "cpu_flags": ["avx2", "avx512f"],
+        "commit": "abc",
+        "started": "x",
+    }
+    result = resummarise({"meta": meta, "weights": {"tritonllm": "int8", "vllm-bf16": "bf16"}}, raw)
+    summaries = result["summaries"]
+    assert summaries["tritonllm"]["b1"] == summarise(
+        [RequestResult(1.0, 4, [(1.5, 1), (2.0, 2), (2.5, 1)])], True
+    )
+    assert summaries["tritonllm"]["c32"]["itl_max_ms"] == pytest.approx(500.0)
+    assert summaries["vllm-bf16"]["c32"]["exact_lengths"] is False
+    path = figure(result, tmp_path / "run.png")
+    assert imread(path).shape[:2] == (550, 1760)  # 16 x 5 inches at 110 dpi: three panels
