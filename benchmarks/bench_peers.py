@@ -342,7 +342,7 @@ def main() -> int:
                 log(f"{b1x.name}: FAILED: {run.failures[b1x.name]}")
     finally:  # also on Ctrl-C / SIGTERM: keep what was measured
         print(run.write())
-    log(f"wrote {out / args.name}.md, .json and {raw_dir}")
+    log(f"wrote {out / args.name}.md, .json, .png and {raw_dir}")
     return 1 if run.failures else 0
 
 

@@ -86,9 +86,10 @@ def test_ratios_pair_same_weight_bits_and_vllm() -> None:
 
 def test_plot_draws_every_server_and_recomputes_summaries_from_raw(tmp_path: Path) -> None:
     """A run's PNG from its raw requests: summaries recomputed as the benchmark does (so older runs get
-    ITL p99 and the longest gap), workloads a server did not run left out rather than failing the plot."""
+    ITL p99 and the longest gap), a value a server lacks left out rather than failing the plot, and a
+    run of interleaved batch 1 alone draws its bars and marks the latency panels as not run."""
     from matplotlib.image import imread
-    from peers.plot import figure, resummarise
+    from peers.plot import draw, figure, resummarise
 
     stream = {"sent_s": 1.0, "max_tokens": 4, "chunks": [[1.5, 1], [2.0, 2], [2.5, 1]], "error": None}
     raw = {
@@ -104,10 +105,16 @@ def test_plot_draws_every_server_and_recomputes_summaries_from_raw(tmp_path: Pat
     }
     result = resummarise({"meta": meta, "weights": {"tritonllm": "int8", "vllm-bf16": "bf16"}}, raw)
     summaries = result["summaries"]
-    assert summaries["tritonllm"]["b1"] == summarise(
-        [RequestResult(1.0, 4, [(1.5, 1), (2.0, 2), (2.5, 1)])], True
-    )
+    one = summarise([RequestResult(1.0, 4, [(1.5, 1), (2.0, 2), (2.5, 1)])], True)
+    assert summaries["tritonllm"]["b1"] == one
     assert summaries["tritonllm"]["c32"]["itl_max_ms"] == pytest.approx(500.0)
     assert summaries["vllm-bf16"]["c32"]["exact_lengths"] is False
-    path = figure(result, tmp_path / "run.png")
-    assert imread(path).shape[:2] == (550, 1760)  # 16 x 5 inches at 110 dpi: three panels
+    throughput, ttft, itl = draw(result).axes
+    assert len(throughput.patches) == 4 + 2  # tritonllm's 4 workloads, vLLM's 2 (none for the others)
+    assert len(ttft.patches) == 2 * 2 and len(itl.patches) == 3 * 3 + 3  # p50/p95; p95/p99/max
+    assert "*" in "".join(t.get_text() for t in throughput.texts)  # vLLM's inexact c32
+    assert imread(figure(result, tmp_path / "run.png")).shape[:2] == (550, 1760)  # 16 x 5 in, 110 dpi
+
+    interleaved = {"tritonllm": {"b1x": one}, "llama-q8_0": {"b1x": one}}
+    throughput, ttft, itl = draw({"summaries": interleaved}).axes
+    assert len(throughput.patches) == 2 and not ttft.axison and not itl.axison

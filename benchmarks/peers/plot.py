@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,122 +28,108 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from peers.report import Summaries  # noqa: E402
 from peers.workloads import RequestResult, summarise  # noqa: E402
 
-THROUGHPUT = {
-    "b1": "1 request",
-    "c8": "8 at once",
-    "c32": "32 at once",
-    "mixed": "64 mixed",
-    "poisson": "Poisson",
-}
-TTFT = {"mixed": "64 mixed", "poisson": "Poisson"}
-ITL = {"c32": "32 at once", "mixed": "64 mixed", "poisson": "Poisson"}
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel: per workload run, a group of bars per statistic (`key` in the summaries, tick label)."""
+
+    title: str
+    ylabel: str
+    workloads: dict[str, str]  # name -> label under its bars
+    stats: tuple[tuple[str, str], ...]  # (summary key, tick label; "" when one statistic)
+    fmt: str = "{:.0f}"
+    scale: float = 1.0
+    log: bool = False
+
+
+PANELS = (
+    Panel(
+        "Throughput (batch 1: decode rate)",
+        "output tokens/s (higher is better)",
+        {"b1": "1 request", "b1x": "1 request, interleaved", "c8": "8 at once", "c32": "32 at once",
+         "mixed": "64 mixed", "poisson": "Poisson"},
+        (("out_tok_s", ""),),
+    ),
+    Panel(
+        "Time to first token",
+        "seconds, log scale (lower is better)",
+        {"mixed": "64 mixed", "poisson": "Poisson"},
+        (("ttft_p50_ms", "p50"), ("ttft_p95_ms", "p95")),
+        fmt="{:.1f}",
+        scale=1e-3,
+        log=True,
+    ),
+    Panel(
+        "Inter-token gaps under load",
+        "ms between tokens, log scale (lower is better)",
+        {"c32": "32 at once", "mixed": "64 mixed", "poisson": "Poisson"},
+        (("itl_p95_ms", "p95"), ("itl_p99_ms", "p99"), ("itl_max_ms", "max")),
+        log=True,
+    ),
+)  # fmt: skip
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16")  # the flags that pick this project's kernels
 
 
-def _bars(
-    ax: Any,
-    groups: list[str],
-    series: dict[str, list[float | None]],
-    fmt: str,
-    starred: set[tuple] = frozenset(),
-) -> None:
-    """Grouped bars, one group per x label and one bar per series; missing values leave a gap. A label
-    "a|b" puts b on the tick and a once under each run of equal a's (workload under its percentiles)."""
-    width = 0.8 / max(len(series), 1)
-    for i, (label, values) in enumerate(series.items()):
-        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        kept = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None]
-        if not kept:
-            continue
-        bars = ax.bar([x for x, _ in kept], [v for _, v in kept], width, label=label)
-        texts = [
-            fmt.format(v) + ("*" if (label, g) in starred else "")
-            for g, v in enumerate(values)
-            if v is not None
-        ]
-        ax.bar_label(bars, texts, fontsize=7, rotation=90, padding=2)
-    ticks = [g.split("|")[-1] for g in groups]
-    ax.set_xticks(range(len(groups)), ticks, fontsize=8)
-    outer = [g.split("|")[0] for g in groups if "|" in g]
-    for name in dict.fromkeys(outer):
-        at = [i for i, g in enumerate(groups) if g.startswith(f"{name}|")]
+def _draw_panel(ax: Any, panel: Panel, summaries: Summaries) -> None:
+    """Grouped bars, one bar per server, a gap where a server lacks the value. Under a workload's
+    statistics, its name once; a * on a throughput whose outputs did not all reach their exact length."""
+    servers = list(summaries)
+    ran = [w for w in panel.workloads if any(w in summaries[s] for s in servers)]
+    ax.set_title(panel.title)
+    if not ran:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "not in this run", transform=ax.transAxes, ha="center", color="gray")
+        return
+    cells = [(w, key, tick) for w in ran for key, tick in panel.stats]
+    width = 0.8 / len(servers)
+    starred = False
+    for i, server in enumerate(servers):
+        bars = []
+        for g, (w, key, tick) in enumerate(cells):
+            summary = summaries[server].get(w, {})
+            if summary.get(key) is None:
+                continue
+            star = not tick and not summary.get("exact_lengths", True)
+            starred |= star
+            bars.append((g + (i - (len(servers) - 1) / 2) * width, summary[key] * panel.scale, star))
+        drawn = ax.bar([x for x, _, _ in bars], [v for _, v, _ in bars], width, label=server, color=f"C{i}")
+        labels = [panel.fmt.format(v) + ("*" if star else "") for _, v, star in bars]
+        ax.bar_label(drawn, labels, fontsize=7, rotation=90, padding=2)
+    if panel.log:
+        ax.set_yscale("log")
+    ax.margins(y=0.3 if panel.log else 0.2)
+    ax.set_ylabel(panel.ylabel)
+    one_stat = len(panel.stats) == 1
+    ax.set_xticks(
+        range(len(cells)), [panel.workloads[w] if one_stat else tick for w, _, tick in cells], fontsize=8
+    )
+    for w in [] if one_stat else ran:
+        at = [g for g, cell in enumerate(cells) if cell[0] == w]
+        x = sum(at) / len(at)
         ax.text(
-            sum(at) / len(at),
+            x,
             -0.09,
-            name,
+            panel.workloads[w],
             transform=ax.get_xaxis_transform(),
             ha="center",
             va="top",
             fontsize=8,
         )
+    if starred:
+        note = "* not every output at its exact length"
+        ax.text(1, -0.09, note, transform=ax.transAxes, ha="right", va="top", fontsize=7)
 
 
-def _values(summaries: Summaries, server: str, workloads: list[str], key: str) -> list[float | None]:
-    return [summaries[server].get(w, {}).get(key) for w in workloads]
-
-
-def figure(result: dict[str, Any], path: Path) -> Path:
-    """Write the run's three panels to `path` (PNG) and return it."""
+def draw(result: dict[str, Any]) -> Any:
+    """The run's three panels as a matplotlib Figure."""
     summaries: Summaries = result["summaries"]
     meta = result.get("meta", {})
-    servers = list(summaries)
-    fig, (tput, ttft, itl) = plt.subplots(1, 3, figsize=(16, 5), width_ratios=[5, 2.4, 3.6])
-
-    ran = [w for w in THROUGHPUT if any(w in summaries[s] for s in servers)]
-    inexact = {
-        (s, g)
-        for s in servers
-        for g, w in enumerate(ran)
-        if not summaries[s].get(w, {}).get("exact_lengths", True)
-    }
-    _bars(
-        tput,
-        [THROUGHPUT[w] for w in ran],
-        {s: _values(summaries, s, ran, "out_tok_s") for s in servers},
-        "{:.0f}",
-        inexact,
-    )
-    if inexact:
-        tput.text(
-            1,
-            -0.09,
-            "* not every output at its exact length",
-            transform=tput.transAxes,
-            ha="right",
-            va="top",
-            fontsize=7,
-        )
-    tput.set_ylabel("output tokens/s (higher is better)")
-    tput.set_title("Throughput (batch 1: decode rate)")
-    tput.margins(y=0.2)
-    tput.legend(fontsize=8, loc="upper left")
-
-    ran = [w for w in TTFT if any(w in summaries[s] for s in servers)]
-    groups = [f"{TTFT[w]}|{q}" for w in ran for q in ("p50", "p95")]
-    keys = [(w, k) for w in ran for k in ("ttft_p50_ms", "ttft_p95_ms")]
-    series = {s: [summaries[s].get(w, {}).get(k) for w, k in keys] for s in servers}
-    _bars(
-        ttft,
-        groups,
-        {s: [v / 1e3 if v is not None else None for v in vs] for s, vs in series.items()},
-        "{:.1f}",
-    )
-    ttft.set_yscale("log")
-    ttft.set_ylabel("seconds, log scale (lower is better)")
-    ttft.set_title("Time to first token")
-    ttft.margins(y=0.3)
-
-    ran = [w for w in ITL if any(w in summaries[s] for s in servers)]
-    groups = [f"{ITL[w]}|{q}" for w in ran for q in ("p95", "p99", "max")]
-    keys = [(w, k) for w in ran for k in ("itl_p95_ms", "itl_p99_ms", "itl_max_ms")]
-    _bars(itl, groups, {s: [summaries[s].get(w, {}).get(k) for w, k in keys] for s in servers}, "{:.0f}")
-    itl.set_yscale("log")
-    itl.set_ylabel("ms between tokens, log scale (lower is better)")
-    itl.set_title("Inter-token gaps under load")
-    itl.margins(y=0.3)
-
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5), width_ratios=[5, 2.4, 3.6])
+    for ax, panel in zip(axes, PANELS, strict=True):
+        _draw_panel(ax, panel, summaries)
+    axes[0].legend(fontsize=8, loc="upper left")
     weights = result.get("weights", {})
-    who = ", ".join(f"{s} ({weights[s]})" for s in servers if s in weights)
+    who = ", ".join(f"{s} ({weights[s]})" if s in weights else s for s in summaries)
     flags = [f for f in meta.get("cpu_flags", []) if f in KERNEL_FLAGS or f.startswith("amx")]
     fig.suptitle(
         f"{who}\n{meta.get('cpu_model', '?')}, {meta.get('cores', '?')} cores "
@@ -150,6 +137,12 @@ def figure(result: dict[str, Any], path: Path) -> Path:
         fontsize=9,
     )
     fig.tight_layout()
+    return fig
+
+
+def figure(result: dict[str, Any], path: Path) -> Path:
+    """Write the run's three panels to `path` (PNG) and return it."""
+    fig = draw(result)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
