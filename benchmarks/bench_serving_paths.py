@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import socket
 import statistics
@@ -27,6 +28,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from tritonllm.default_model import model_path_or_default
+from tritonllm.model.cpu_kernels import cpu_flags
+from tritonllm.precision import TORCH_QUANTIZATIONS
 from tritonllm.triton.launcher import LaunchOptions, TritonServer
 from tritonllm.triton.text import TextCodec
 
@@ -113,6 +116,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", help="as `tritonllm launch` (default: auto)")
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", *TORCH_QUANTIZATIONS),
+        help="as `tritonllm launch` (default: auto, int8 where the kernels build)",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
 
@@ -120,7 +130,13 @@ def main() -> int:
     prompt_ids = TextCodec(model).encode(PROMPT)
     http, grpc, metrics = free_ports(3)
     options = LaunchOptions(
-        model=model, http_port=http, grpc_port=grpc, metrics_port=metrics, num_threads=args.threads
+        model=model,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        num_threads=args.threads,
+        dtype=args.dtype,
+        quantization=args.quantization,
     )
     runs: dict[str, list[tuple[float, list[float]]]] = {p: [] for p in PATHS}
     out = Path(args.out)
@@ -149,11 +165,22 @@ def main() -> int:
             summary[path][key.replace("_ms", "_ratio")] = summary[path][key] / base[key]
         summary[path]["itl_overhead_ms"] = summary[path]["itl_ms"] - base["itl_ms"]
 
-    meta = {"model": model, "rounds": args.rounds, "max_tokens": args.max_tokens, "threads": args.threads}
+    meta = {
+        "model": model,
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "cpu_flags": cpu_flags(),
+        "load_average": os.getloadavg(),
+    }
     (out / "serving_paths.json").write_text(json.dumps({"config": meta, "paths": summary}, indent=2) + "\n")
     lines = [
-        f"Model `{Path(model).name}`, {args.max_tokens} tokens per generation, {args.rounds} rounds, "
+        f"Model `{Path(model).name}` (dtype {args.dtype}, quantization {args.quantization}, "
+        f"{args.threads} engine threads), {args.max_tokens} tokens per generation, {args.rounds} rounds, "
         "medians; ratios against `tensorrt_llm` called directly.",
+        f"CPU flags: {' '.join(cpu_flags()) or 'none'}; load average {os.getloadavg()[0]:.1f}.",
         "",
         "| path | TTFT ms | ITL ms | end-to-end ms | ITL ratio | ITL overhead ms | e2e ratio |",
         "| --- | --- | --- | --- | --- | --- | --- |",
