@@ -10,9 +10,11 @@ all that acts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -217,6 +219,54 @@ class FakeBackend:
         self.loads.append((name, json.loads(config)))
         if self.error is not None:
             raise self.error
+
+
+def test_a_dead_bls_stub_mid_stream_stops_the_server_instead_of_hanging_it(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """Triton 2.51 blocks `tensorrt_llm`'s next response to a BLS stub that died mid-stream, forever, and
+    every request on the model hangs behind it. The watchdog sees the stuck send and stops the server."""
+    options = tiny_server_options(
+        tiny_llama_dir, disable_kernels=True, exit_timeout_s=5, send_stall_timeout_s=2
+    )
+    server = start_bare(options, tmp_path)
+    try:
+        url = f"http://{server.http_url}/v2/models/tensorrt_llm_bls/generate_stream"
+        body = {"text_input": "The quick brown fox", "max_tokens": 480, "min_tokens": 480, "stream": True}
+        with requests.post(url, json=body, stream=True, timeout=30) as response:
+            events = [
+                line for line in itertools.islice(response.iter_lines(), 6) if line.startswith(b"data:")
+            ]
+            assert events and b"error" not in events[0]
+            os.kill(server.stub_pids()["tensorrt_llm_bls"], signal.SIGKILL)  # 470-odd tokens still to go
+            assert server.process is not None
+            assert server.process.wait(60) is not None  # 2 s stalled, then SIGTERM and the exit timeout
+    finally:
+        server.stop(timeout_s=10)
+    assert "a response send has not returned" in log_text(tmp_path)
+
+
+def test_watchdog_stops_once_when_a_send_stalls_past_the_limit() -> None:
+    engine = FakeEngine()
+    engine.alive = True
+    stalled = [0.0]
+    stops: list[float] = []
+    watchdog = recovery.EngineWatchdog(
+        engine,  # type: ignore[arg-type]
+        lambda: None,
+        interval_s=0.01,
+        stalled_s=lambda: stalled[0],
+        stall_limit_s=5.0,
+        on_stall=stops.append,
+    )
+    try:
+        stalled[0] = 4.9
+        assert not wait_for(lambda: bool(stops), 0.1)
+        stalled[0] = 5.0
+        assert wait_for(lambda: stops == [5.0], 2)
+        assert not wait_for(lambda: len(stops) > 1, 0.1)
+    finally:
+        watchdog.close()
 
 
 def test_recover_reloads_with_a_changed_config_then_stops(monkeypatch: pytest.MonkeyPatch) -> None:

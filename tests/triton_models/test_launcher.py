@@ -68,6 +68,20 @@ def test_launch_renders_the_step_token_budget(tmp_path: Path) -> None:
     assert 'key: "max_num_batched_tokens" value: { string_value: "128" }' in engine
 
 
+def test_launch_renders_the_send_stall_timeout_and_rejects_a_non_positive_one(tmp_path: Path) -> None:
+    """`--send-stall-timeout` reaches the engine model's config (default 60); 0 is refused up front."""
+    args = argparse.ArgumentParser()
+    add_arguments(args)
+    for argv, rendered in (([], "60.0"), (["--send-stall-timeout", "7.5"], "7.5")):
+        options = options_from_args(args.parse_args(["--model", str(tmp_path), *argv]))
+        config = (
+            render_repository(tmp_path / rendered, options) / "tensorrt_llm" / "config.pbtxt"
+        ).read_text()
+        assert f'key: "send_stall_timeout_s" value: {{ string_value: "{rendered}" }}' in config
+    with pytest.raises(ValueError, match="send_stall_timeout_s must be positive"):
+        options_from_args(args.parse_args(["--model", str(tmp_path), "--send-stall-timeout", "0"]))
+
+
 def test_launch_serves_auto_quantization_and_dtype_by_default(tmp_path: Path) -> None:
     """`tritonllm launch` asks the engine for auto (int8 on the CPU kernels, else as built or none) and an
     auto dtype; an explicit choice renders as given."""

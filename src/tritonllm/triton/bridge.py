@@ -152,6 +152,7 @@ class EngineBridge:
         self._outbox: queue.SimpleQueue[tuple[_Group, _Row, RequestOutput | BaseException] | None] = (
             queue.SimpleQueue()
         )
+        self._busy_since: float | None = None  # when the sender entered the Triton calls it is in now
         self._sender = threading.Thread(target=self._send_loop, name="tritonllm-send", daemon=True)
         self._sender.start()
 
@@ -280,6 +281,7 @@ class EngineBridge:
                 item = ()  # type: ignore[assignment]
             if item is None:
                 return
+            self._busy_since = time.monotonic()
             if item:
                 group, row, out = item
                 try:
@@ -291,6 +293,13 @@ class EngineBridge:
             if time.monotonic() >= next_sweep:
                 self._sweep_cancellations()
                 next_sweep = time.monotonic() + sweep_s
+            self._busy_since = None
+
+    def sender_stalled_s(self) -> float:
+        """Seconds the sender has spent on its current response (0 when idle). A send takes well under a
+        second; one that never returns holds every later response back (`recovery.stop_stalled_server`)."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def _handle(self, group: _Group, row: _Row, out: RequestOutput | BaseException) -> None:
         if group.closed or row.done:

@@ -37,6 +37,7 @@ class LaunchOptions:
     drain_timeout_s: float = 5.0
     stream_interval: int = 1  # streamed tokens a response after the first (fewer responses, less CPU)
     max_engine_restarts: int = DEFAULT_MAX_ENGINE_RESTARTS  # then a dead engine loop stops the server
+    send_stall_timeout_s: float = 60.0  # a response send stuck this long stops the server (recovery)
     decoupled: bool = True  # False: tensorrt_llm and the BLS answer unary calls, one response each
     disable_kernels: bool = False  # engine: PyTorch attention instead of the C++ kernel (no build)
     # After the drain Triton only unloads the stubs (seconds) and waits for open HTTP connections;
@@ -66,6 +67,8 @@ class LaunchOptions:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.drain_timeout_s < 0 or self.exit_timeout_s < 0 or self.max_engine_restarts < 0:
             raise ValueError("drain_timeout_s, exit_timeout_s and max_engine_restarts must be >= 0")
+        if not self.send_stall_timeout_s > 0:
+            raise ValueError(f"send_stall_timeout_s must be positive, got {self.send_stall_timeout_s}")
         if self.restrict_admin and not self.admin_key:
             raise ValueError("admin_key must not be empty while the admin APIs are restricted")
 
@@ -138,6 +141,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_MAX_ENGINE_RESTARTS})",
     )
     parser.add_argument(
+        "--send-stall-timeout",
+        type=float,
+        default=60.0,
+        help="seconds one response send may take before the server stops for its supervisor to restart it: "
+        "a send that never returns (its consumer, e.g. a BLS stub, died) hangs every request (default 60)",
+    )
+    parser.add_argument(
         "--decoupled",
         choices=["true", "false"],
         default="true",
@@ -177,6 +187,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         drain_timeout_s=args.drain_timeout,
         stream_interval=args.stream_interval,
         max_engine_restarts=args.max_engine_restarts,
+        send_stall_timeout_s=args.send_stall_timeout,
         decoupled=args.decoupled == "true",
         exit_timeout_s=args.exit_timeout,
         restrict_admin=not args.no_restrict_admin,

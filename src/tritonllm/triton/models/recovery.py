@@ -1,4 +1,5 @@
-"""What the `tensorrt_llm` model does when its engine loop dies: restart the engine, else stop the server.
+"""What the `tensorrt_llm` model does when its engine loop dies: restart the engine, else stop the server;
+and when a response send never returns (`stop_stalled_server`): stop the server.
 
 Triton 2.51 (the nvidia-pytriton wheel) gives a Python model no way to report itself unhealthy: a
 model's readiness is its load state, and a stub process that exits is neither restarted nor reported
@@ -109,13 +110,43 @@ def recover(pb: ModuleType, model_name: str, model_config: dict[str, Any], engin
     return "stopped"
 
 
-class EngineWatchdog:
-    """Calls `on_death` once, on its own thread, when the engine's loop has died."""
+def stop_stalled_server(stalled_s: float) -> None:
+    """The response sender has been inside one send for `stalled_s`: stop tritonserver.
 
-    def __init__(self, engine: Engine, on_death: Callable[[], object], interval_s: float = 0.5):
+    Seen in Triton 2.51: when a BLS stub dies (killed, crashed) while its inner `tensorrt_llm` stream is
+    running, the next response for it blocks the server's thread in the Python backend's
+    SendBLSDecoupledResponse, waiting for the dead stub, forever; this stub's send waits on that thread,
+    and every request on the model hangs while readiness stays 200. A reload cannot replace an instance
+    stuck so, so the server stops for its supervisor to restart it.
+    """
+    log.error(
+        "a response send has not returned for %.0f s (a consumer of this model's responses, such as a BLS "
+        "stub, is gone): every request on this model is stuck; stopping tritonserver for its supervisor "
+        "to restart it",
+        stalled_s,
+    )
+    stop_tritonserver()
+
+
+class EngineWatchdog:
+    """Calls `on_death` once, on its own thread, when the engine's loop has died, or `on_stall` once
+    (with the seconds) when `stalled_s()` (the response sender's time in one send) reaches `stall_limit_s`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        on_death: Callable[[], object],
+        interval_s: float = 0.5,
+        stalled_s: Callable[[], float] = lambda: 0.0,
+        stall_limit_s: float = float("inf"),
+        on_stall: Callable[[float], object] = stop_stalled_server,
+    ):
         self._engine = engine
         self._on_death = on_death
         self._interval_s = interval_s
+        self._stalled_s = stalled_s
+        self._stall_limit_s = stall_limit_s
+        self._on_stall = on_stall
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tritonllm-watchdog", daemon=True)
         self._thread.start()
@@ -132,4 +163,11 @@ class EngineWatchdog:
                     self._on_death()
                 except Exception:
                     log.exception("recovering from the engine's death failed")
+                return
+            stalled = self._stalled_s()
+            if stalled >= self._stall_limit_s:
+                try:
+                    self._on_stall(stalled)
+                except Exception:
+                    log.exception("stopping after a stalled send failed")
                 return

@@ -87,8 +87,12 @@ class EngineModel:
         )
         # A dead engine loop: reload this model (a new engine), or stop the server (`recovery`).
         limit = int(params.get("max_engine_restarts") or DEFAULT_MAX_ENGINE_RESTARTS)
+        # A send that never returns (a dead BLS stub's response): stop the server (`recovery`).
         self.watchdog = recovery.EngineWatchdog(
-            engine, lambda: recovery.recover(self.pb, args["model_name"], config, engine, limit)
+            engine,
+            lambda: recovery.recover(self.pb, args["model_name"], config, engine, limit),
+            stalled_s=self.bridge.sender_stalled_s,
+            stall_limit_s=float(params.get("send_stall_timeout_s") or 60.0),
         )
 
     def execute(self, requests: list[Any]) -> None:
