@@ -108,13 +108,8 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", help="HF checkpoint or engine directory (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--max-tokens", type=int, default=64)
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--threads, --dtype and --quantization, defaulting to what `tritonllm launch` serves (2 threads)."""
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="auto", help="as `tritonllm launch` (default: auto)")
     parser.add_argument(
@@ -123,13 +118,12 @@ def main() -> int:
         choices=("auto", *TORCH_QUANTIZATIONS),
         help="as `tritonllm launch` (default: auto, int8 where the kernels build)",
     )
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = parser.parse_args()
 
-    model = model_path_or_default(args.model)
-    prompt_ids = TextCodec(model).encode(PROMPT)
+
+def loopback_options(args: argparse.Namespace, model: str, **extra: object) -> LaunchOptions:
+    """A server on free loopback ports with the engine arguments of `add_engine_arguments`."""
     http, grpc, metrics = free_ports(3)
-    options = LaunchOptions(
+    return LaunchOptions(
         model=model,
         http_port=http,
         grpc_port=grpc,
@@ -137,7 +131,24 @@ def main() -> int:
         num_threads=args.threads,
         dtype=args.dtype,
         quantization=args.quantization,
+        **extra,  # type: ignore[arg-type]
     )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="HF checkpoint or engine directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    add_engine_arguments(parser)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+
+    model = model_path_or_default(args.model)
+    prompt_ids = TextCodec(model).encode(PROMPT)
+    options = loopback_options(args, model)
     runs: dict[str, list[tuple[float, list[float]]]] = {p: [] for p in PATHS}
     out = Path(args.out)
     (out / "raw").mkdir(parents=True, exist_ok=True)

@@ -47,15 +47,14 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_serving_paths import free_ports, inputs_for  # noqa: E402
+from bench_serving_paths import add_engine_arguments, inputs_for, loopback_options  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
 from tritonllm.engine.serving import ServingEngine  # noqa: E402
 from tritonllm.model.cpu_kernels import cpu_flags  # noqa: E402
 from tritonllm.os_threads import OS_NAME_BYTES  # noqa: E402
-from tritonllm.precision import TORCH_QUANTIZATIONS  # noqa: E402
-from tritonllm.triton.launcher import LaunchOptions, TritonServer  # noqa: E402
+from tritonllm.triton.launcher import TritonServer  # noqa: E402
 
 TIMEOUT_S = 600.0
 LEAN_OUTPUTS = ("output_ids", "sequence_length")
@@ -294,9 +293,7 @@ def main() -> int:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default="auto", choices=("auto", *TORCH_QUANTIZATIONS))
+    add_engine_arguments(parser)
     parser.add_argument("--client", default="lean", choices=("lean", "tritonclient"))
     parser.add_argument(
         "--streaming",
@@ -321,17 +318,7 @@ def main() -> int:
     args = parser.parse_args()
     model = model_path_or_default(args.model)
     batches = [int(b) for b in args.batches.split(",")]
-    http, grpc, metrics = free_ports(3)
-    options = LaunchOptions(
-        model=model,
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        num_threads=args.threads,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        stream_interval=args.stream_interval,
-    )
+    options = loopback_options(args, model, stream_interval=args.stream_interval)
     config = EngineConfig(
         model=model, num_threads=args.threads, dtype=args.dtype, quantization=args.quantization
     )
