@@ -6,6 +6,7 @@ initializes (`pb_utils()`), never at import time.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import threading
 from types import ModuleType
@@ -20,6 +21,7 @@ from tritonllm.triton.tensors import RequestError
 def pb_utils() -> ModuleType:
     import triton_python_backend_utils as pb  # only inside Triton's Python stub
 
+    faulthandler.enable()  # a stub that crashes leaves every thread's Python stack in the server log
     return pb
 
 

@@ -1,0 +1,75 @@
+"""Many concurrent SSE streams against one model of a running server, some cut off mid-stream.
+
+Reproduces the `tensorrt_llm_bls` stub crash of Triton 2.51 (benchmarks/README.md, "BLS stub crash"):
+workers each send one streamed request after another (8-200 exact output tokens) and disconnect from a
+`--cut` share of them after a few events. A worker stops at its first failed request, so a dead model
+shows as `failed` equal to the number of workers. Prints the counts every 10 s and at the end.
+
+    .venv/bin/tritonllm launch &     # then:
+    .venv/bin/python benchmarks/stress_streams.py --model tensorrt_llm_bls --workers 8 --seconds 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import threading
+import time
+from collections import Counter
+
+import requests
+
+
+def worker(
+    url: str, seed: int, cut_share: float, deadline: float, counts: Counter, lock: threading.Lock
+) -> None:
+    rng = random.Random(seed)
+    while time.monotonic() < deadline:
+        n = rng.randint(8, 200)
+        body = {"text_input": f"Story {rng.random()}", "max_tokens": n, "min_tokens": n, "stream": True}
+        cut = rng.random() < cut_share
+        try:
+            with requests.post(url, json=body, stream=True, timeout=120) as response:
+                response.raise_for_status()
+                lines = response.iter_lines()
+                events = list(itertools.islice(lines, rng.randint(1, 20))) if cut else list(lines)
+            outcome = "cut" if cut else "done" if any(b"error" not in e for e in events if e) else "failed"
+        except requests.RequestException:
+            outcome = "failed"
+        with lock:
+            counts[outcome] += 1
+        if outcome == "failed":
+            return
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="tensorrt_llm_bls")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--cut", type=float, default=0.3, help="share of streams cut off mid-stream")
+    args = parser.parse_args()
+    url = f"{args.url}/v2/models/{args.model}/generate_stream"
+    deadline = time.monotonic() + args.seconds
+    counts: Counter = Counter()
+    lock = threading.Lock()
+    threads = [
+        threading.Thread(target=worker, args=(url, i, args.cut, deadline, counts, lock), daemon=True)
+        for i in range(args.workers)
+    ]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        for t in threads:
+            t.join(10.0 / len(threads))
+        with lock:
+            print(dict(counts), flush=True)
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
