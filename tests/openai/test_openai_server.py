@@ -27,6 +27,7 @@ from tritonllm.tokenization import load_tokenizer
 from tritonllm.triton.launcher import TritonServer
 
 MODEL = "tiny"  # the served model name
+CLIENT_TIMEOUT_S = 60.0
 ABORTED = r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
 KV_USED = "tritonllm_kv_cache_blocks_used"
 WAITING = "tritonllm_num_requests_waiting"
@@ -58,11 +59,15 @@ class Stack:
     def metrics(self) -> str:
         return self.triton.metrics_url
 
+    # Bounded (the openai client waits 600 s by default): a stuck server fails a test, never hangs the run.
     def client(self, key: str = "premium", **kwargs: object) -> openai.OpenAI:
+        kwargs.setdefault("timeout", CLIENT_TIMEOUT_S)
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEYS[key]["key"], max_retries=0, **kwargs)
 
     def async_client(self, key: str = "premium") -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=KEYS[key]["key"], max_retries=0)
+        return openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1", api_key=KEYS[key]["key"], max_retries=0, timeout=CLIENT_TIMEOUT_S
+        )
 
 
 def front_door_args(model_dir: Path, triton_url: str) -> list[str]:
