@@ -154,10 +154,7 @@ def resummarise(result: dict[str, Any], raw: dict[str, dict[str, list[dict]]]) -
     summaries = {
         server: {
             name: summarise(
-                [
-                    RequestResult(r["sent_s"], r["max_tokens"], [tuple(c) for c in r["chunks"]], r["error"])
-                    for r in rs
-                ],
+                [RequestResult(**r) for r in rs],
                 sequential=name in ("b1", "b1x"),
             )
             for name, rs in per_workload.items()

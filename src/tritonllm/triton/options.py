@@ -10,6 +10,7 @@ from pathlib import Path
 from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS
 
 DEFAULT_MAX_ENGINE_RESTARTS = 3  # engine restarts in place before a dead engine stops the server
+DEFAULT_SEND_STALL_TIMEOUT_S = 60.0  # a response send stuck this long stops the server (recovery)
 
 
 @dataclass
@@ -37,7 +38,7 @@ class LaunchOptions:
     drain_timeout_s: float = 5.0
     stream_interval: int = 1  # streamed tokens a response after the first (fewer responses, less CPU)
     max_engine_restarts: int = DEFAULT_MAX_ENGINE_RESTARTS  # then a dead engine loop stops the server
-    send_stall_timeout_s: float = 60.0  # a response send stuck this long stops the server (recovery)
+    send_stall_timeout_s: float = DEFAULT_SEND_STALL_TIMEOUT_S
     decoupled: bool = True  # False: tensorrt_llm and the BLS answer unary calls, one response each
     disable_kernels: bool = False  # engine: PyTorch attention instead of the C++ kernel (no build)
     # After the drain Triton only unloads the stubs (seconds) and waits for open HTTP connections;
@@ -143,9 +144,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--send-stall-timeout",
         type=float,
-        default=60.0,
+        default=DEFAULT_SEND_STALL_TIMEOUT_S,
         help="seconds one response send may take before the server stops for its supervisor to restart it: "
-        "a send that never returns (its consumer, e.g. a BLS stub, died) hangs every request (default 60)",
+        "a send that never returns (its consumer, e.g. a BLS stub, died) hangs every request "
+        f"(default {DEFAULT_SEND_STALL_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--decoupled",

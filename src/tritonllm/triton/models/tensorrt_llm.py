@@ -21,7 +21,7 @@ from tritonllm.triton.models.common import (
     request_inputs,
     request_parameters,
 )
-from tritonllm.triton.options import DEFAULT_MAX_ENGINE_RESTARTS
+from tritonllm.triton.options import DEFAULT_MAX_ENGINE_RESTARTS, DEFAULT_SEND_STALL_TIMEOUT_S
 from tritonllm.triton.tensors import RequestError
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class EngineModel:
             engine,
             lambda: recovery.recover(self.pb, args["model_name"], config, engine, limit),
             stalled_s=self.bridge.sender_stalled_s,
-            stall_limit_s=float(params.get("send_stall_timeout_s") or 60.0),
+            stall_limit_s=float(params.get("send_stall_timeout_s") or DEFAULT_SEND_STALL_TIMEOUT_S),
         )
 
     def execute(self, requests: list[Any]) -> None:
