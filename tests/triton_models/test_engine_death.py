@@ -224,8 +224,9 @@ class FakeBackend:
 def test_a_dead_bls_stub_mid_stream_stops_the_server_instead_of_hanging_it(
     tiny_llama_dir: Path, tmp_path: Path
 ) -> None:
-    """Triton 2.51 blocks `tensorrt_llm`'s next response to a BLS stub that died mid-stream, forever, and
-    every request on the model hangs behind it. The watchdog sees the stuck send and stops the server."""
+    """Triton 2.51 either aborts on a BLS stub that died mid-stream (a boost lock_exception in its Python
+    backend), or blocks `tensorrt_llm`'s next response to it forever, and every request on the model hangs
+    behind it. In that case the watchdog sees the stuck send and stops the server. Either way it exits."""
     options = tiny_server_options(
         tiny_llama_dir, disable_kernels=True, exit_timeout_s=5, send_stall_timeout_s=2
     )
@@ -243,7 +244,8 @@ def test_a_dead_bls_stub_mid_stream_stops_the_server_instead_of_hanging_it(
             assert server.process.wait(60) is not None  # 2 s stalled, then SIGTERM and the exit timeout
     finally:
         server.stop(timeout_s=10)
-    assert "a response send has not returned" in log_text(tmp_path)
+    log = log_text(tmp_path)
+    assert "a response send has not returned" in log or "Signal (6) received" in log, log[-3000:]
 
 
 def test_watchdog_stops_once_when_a_send_stalls_past_the_limit() -> None:
