@@ -26,7 +26,7 @@ from triton_fixture import READY_TIMEOUT_S, metric_sum, tiny_server_options, wai
 from tritonclient.utils import InferenceServerException
 
 from tritonllm.triton import server as server_module
-from tritonllm.triton.launcher import ENGINE_DIED, LaunchOptions, TritonServer, templates_dir
+from tritonllm.triton.launcher import ENGINE_DIED, LaunchOptions, StubMonitor, TritonServer, templates_dir
 from tritonllm.triton.models import recovery
 
 ERRORS = r'tritonllm_requests_finished_total\{[^}]*reason="error"[^}]*\}'
@@ -221,17 +221,19 @@ class FakeBackend:
             raise self.error
 
 
-def test_a_dead_bls_stub_mid_stream_stops_the_server_instead_of_hanging_it(
+def test_a_dead_bls_stub_mid_stream_frees_its_engine_request_and_is_found_dead(
     tiny_llama_dir: Path, tmp_path: Path
 ) -> None:
-    """Triton 2.51 either aborts on a BLS stub that died mid-stream (a boost lock_exception in its Python
-    backend), or blocks `tensorrt_llm`'s next response to it forever, and every request on the model hangs
-    behind it. In that case the watchdog sees the stuck send and stops the server. Either way it exits."""
-    options = tiny_server_options(
-        tiny_llama_dir, disable_kernels=True, exit_timeout_s=5, send_stall_timeout_s=2
-    )
+    """The BLS streams from `tensorrt_llm` over gRPC (`engine_link`), so its stub's death cancels that
+    call: the engine aborts the request and frees its KV blocks, and keeps serving. (Over the Python
+    backend's BLS calls the engine's next send blocked forever, and every request hung behind it.)
+    Triton 2.51 neither restarts the dead stub nor stops answering ready for it: `StubMonitor` finds it,
+    on its second look, for the launcher to stop the server."""
+    options = tiny_server_options(tiny_llama_dir, disable_kernels=True, exit_timeout_s=5)
     server = start_bare(options, tmp_path)
     try:
+        aborts = r'tritonllm_requests_finished_total\{[^}]*reason="abort"[^}]*\}'
+        aborted_before = metric_sum(server.metrics_url, aborts)
         url = f"http://{server.http_url}/v2/models/tensorrt_llm_bls/generate_stream"
         body = {"text_input": "The quick brown fox", "max_tokens": 480, "min_tokens": 480, "stream": True}
         with requests.post(url, json=body, stream=True, timeout=30) as response:
@@ -240,12 +242,47 @@ def test_a_dead_bls_stub_mid_stream_stops_the_server_instead_of_hanging_it(
             ]
             assert events and b"error" not in events[0]
             os.kill(server.stub_pids()["tensorrt_llm_bls"], signal.SIGKILL)  # 470-odd tokens still to go
-            assert server.process is not None
-            assert server.process.wait(60) is not None  # 2 s stalled, then SIGTERM and the exit timeout
+            freed = wait_for(
+                lambda: metric_sum(server.metrics_url, aborts) == aborted_before + 1
+                and metric_sum(server.metrics_url, "tritonllm_kv_cache_blocks_used") == 0,
+                10,
+            )
+            assert freed, "the engine aborted the dead stub's request and freed its blocks"
+        results = run_stream(server, "tensorrt_llm", engine_inputs([5, 6, 7], 8, False), ["output_ids"])
+        assert not [r for r in results if isinstance(r, InferenceServerException)], results
+        assert server.models_without_stub() == ["tensorrt_llm_bls"]
+        monitor = StubMonitor(server, interval_s=0)
+        assert monitor.dead_models() == [], "one look is not enough"
+        assert monitor.dead_models() == ["tensorrt_llm_bls"]
+        assert server.process is not None and server.process.poll() is None, "the server itself keeps running"
     finally:
         server.stop(timeout_s=10)
-    log = log_text(tmp_path)
-    assert "a response send has not returned" in log or "Signal (6) received" in log, log[-3000:]
+
+
+class FakeServer:
+    """`models_without_stub` answers from a script: a list of models, or an exception to raise."""
+
+    def __init__(self, answers: list) -> None:
+        self.answers = answers
+
+    def models_without_stub(self) -> list[str]:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_stub_monitor_needs_two_looks_in_a_row_and_ignores_an_unanswering_server() -> None:
+    """An engine restart swaps stubs (one look may land between them); a server that does not answer
+    is stopping or dead, which the launcher sees from its process."""
+    bls = ["tensorrt_llm_bls"]
+    server = FakeServer([["tensorrt_llm"], [], bls, OSError("refused"), bls])
+    monitor = StubMonitor(server, interval_s=0)  # type: ignore[arg-type]
+    assert [monitor.dead_models() for _ in range(5)] == [[], [], [], [], []]
+    server.answers = [["preprocessing"], ["preprocessing", "tensorrt_llm_bls"], ["preprocessing"]]
+    assert [monitor.dead_models() for _ in range(3)] == [[], ["preprocessing"], ["preprocessing"]]
+    slow = StubMonitor(FakeServer([]), interval_s=60)  # type: ignore[arg-type]
+    assert slow.dead_models() == [], "no look before the interval (the script is empty: a look would raise)"
 
 
 def test_watchdog_stops_once_when_a_send_stalls_past_the_limit() -> None:

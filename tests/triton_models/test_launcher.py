@@ -41,6 +41,19 @@ def test_render_fills_every_placeholder(tmp_path: Path) -> None:
     assert list((repo / "tensorrt_llm" / "1" / "__pycache__").glob("model.*.pyc")), "precompiled"
 
 
+@pytest.mark.parametrize(
+    ("address", "url"),
+    [("127.0.0.1", "127.0.0.1:9001"), ("0.0.0.0", "127.0.0.1:9001"), ("::", "127.0.0.1:9001"),
+     ("10.1.2.3", "10.1.2.3:9001"), ("::1", "[::1]:9001")],
+)  # fmt: skip
+def test_render_points_the_bls_at_this_servers_grpc_port(tmp_path: Path, address: str, url: str) -> None:
+    """The BLS streams from tensorrt_llm over the server's own gRPC endpoint (`engine_link`)."""
+    options = LaunchOptions(model=str(tmp_path), address=address, grpc_port=9001)
+    repo = render_repository(tmp_path / "repo", options)
+    bls = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    assert f'key: "engine_grpc_url" value: {{ string_value: "{url}" }}' in bls
+
+
 def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
     repo = render_repository(tmp_path / "repo", LaunchOptions(model=str(tmp_path), decoupled=False))
     for model in ("tensorrt_llm", "tensorrt_llm_bls"):

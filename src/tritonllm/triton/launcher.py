@@ -33,6 +33,7 @@ __all__ = [
     "MODELS",
     "RESTRICTED",
     "LaunchOptions",
+    "StubMonitor",
     "PytritonPaths",
     "TritonServer",
     "add_arguments",
@@ -47,8 +48,36 @@ __all__ = [
 ]
 
 # `tritonllm launch` exit status when tritonserver stopped without being asked: the engine loop died
-# more than `max_engine_restarts` times (the model stops the server then), or the server failed.
+# more than `max_engine_restarts` times (the model stops the server then), the server failed, or a
+# model's stub process died (the launcher stops the server then: `StubMonitor`).
 ENGINE_DIED = 3
+STUB_CHECK_S = 1.0  # how often the launcher looks for dead model stubs
+
+
+class StubMonitor:
+    """Finds a model whose Python stub died while Triton still lists it ready (`models_without_stub`).
+
+    A model counts as dead when two checks in a row find it so: the engine model's in-place restart
+    (`recovery`) swaps stubs, and a check should not land between them.
+    """
+
+    def __init__(self, server: TritonServer, interval_s: float = STUB_CHECK_S):
+        self.server = server
+        self.interval_s = interval_s
+        self._next = time.monotonic() + interval_s
+        self._suspects: set[str] = set()
+
+    def dead_models(self) -> list[str]:
+        """Models found without a stub twice in a row; checks at most every `interval_s`."""
+        if time.monotonic() < self._next:
+            return []
+        self._next = time.monotonic() + self.interval_s
+        try:
+            missing = set(self.server.models_without_stub())
+        except (OSError, ValueError):  # the server does not answer now: its exit is handled elsewhere
+            missing = set()
+        dead, self._suspects = sorted(missing & self._suspects), missing
+        return dead
 
 
 def _start_front_door(options: LaunchOptions, server: TritonServer) -> FrontDoorProcess:
@@ -90,8 +119,19 @@ def launch(options: LaunchOptions, ready_timeout_s: float = 300.0) -> int:
                 front_door = _start_front_door(options, server)
                 print(f"  OpenAI  {front_door.url}  (POST /chat/completions, /completions)", file=sys.stderr)
             print("tritonllm: Ctrl-C stops the server", file=sys.stderr, flush=True)
-        while not stopping and server.process is not None and server.process.poll() is None:
+        monitor = StubMonitor(server)
+        dead: list[str] = []
+        while not (stopping or dead) and server.process is not None and server.process.poll() is None:
             time.sleep(0.2)
+            dead = monitor.dead_models()
+        if dead:
+            print(
+                f"tritonllm: the stub process of {', '.join(dead)} died and Triton does not restart it: "
+                "stopping tritonserver",
+                file=sys.stderr,
+            )
+            print(f"tritonllm: tritonserver stopped (status {server.stop()})", file=sys.stderr)
+            return ENGINE_DIED
         if not stopping:  # the model stops Triton when its engine died past max_engine_restarts
             status = server.stop()
             print(f"tritonllm: tritonserver stopped on its own (status {status})", file=sys.stderr)

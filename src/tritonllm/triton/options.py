@@ -78,7 +78,14 @@ class LaunchOptions:
         values["engine_dir"] = str(Path(self.model).resolve())
         values["tokenizer_dir"] = str(Path(self.tokenizer_dir or self.model).resolve())
         values["decoupled"] = "true" if self.decoupled else "false"
+        values["engine_grpc_url"] = f"{self.local_host()}:{self.grpc_port}"
         return values
+
+    def local_host(self) -> str:
+        """The host that reaches this server from its own machine: loopback when it listens on all
+        addresses, else its address (bracketed if IPv6, for a URL)."""
+        host = "127.0.0.1" if self.address in ("0.0.0.0", "::", "") else self.address
+        return f"[{host}]" if ":" in host else host
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -29,9 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tritonllm.triton.options import LaunchOptions
-from tritonllm.triton.repository import ENGINE_MODEL, render_repository
+from tritonllm.triton.repository import ENGINE_MODEL, MODELS, render_repository
 
 ADMIN_HEADER = "tritonllm-admin-key"
+PYTHON_MODELS = frozenset(MODELS) - {"ensemble"}  # each runs in a Python-backend stub process
 RESTRICTED = "model-repository,shared-memory,logging,trace"
 
 
@@ -166,6 +167,17 @@ class TritonServer:
                 stubs[Path(args[1]).parent.parent.name] = int(stat.parent.name)
         return stubs
 
+    def models_without_stub(self) -> list[str]:
+        """This repository's Python models that Triton lists READY but whose stub process is gone.
+
+        Triton 2.51 does not restart a dead stub of a decoupled model and still answers ready for it
+        (`/v2/models/<m>/ready` is 200) while every request to it fails ("Stub process ... is not
+        healthy"), so its supervisor must. Raises OSError or ValueError if the server does not answer.
+        """
+        index = json.loads(self._admin_post(f"{self._repository_url()}/index", time.monotonic() + 5))
+        ready = {m.get("name") for m in index if m.get("state") == "READY"} & PYTHON_MODELS
+        return sorted(ready - self.stub_pids().keys())
+
     def start(self) -> TritonServer:
         paths = pytriton_paths()
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonllm-"))
@@ -204,8 +216,7 @@ class TritonServer:
         Triton 2.51 counts no in-flight requests for decoupled models on SIGTERM and stops delivering
         their responses, so draining must come first. Returns False if the server did not drain.
         """
-        host = "127.0.0.1" if self.options.address in ("0.0.0.0", "::", "") else self.options.address
-        base = f"http://{host}:{self.options.http_port}/v2/repository"
+        base = self._repository_url()
         deadline = time.monotonic() + self.options.drain_timeout_s + 30
         try:
             self._admin_post(f"{base}/models/{ENGINE_MODEL}/unload", deadline)
@@ -219,6 +230,9 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, OSError, ValueError):
             pass
         return False
+
+    def _repository_url(self) -> str:
+        return f"http://{self.options.local_host()}:{self.options.http_port}/v2/repository"
 
     def _admin_post(self, url: str, deadline: float) -> bytes:
         headers = {"Content-Type": "application/json"}

@@ -79,7 +79,7 @@ def triton_response(pb: ModuleType, outputs: Outputs, requested: frozenset[str] 
 def error_code(message: str) -> str:
     if message.startswith("input "):
         return "INVALID_ARG"
-    if message.startswith(("server busy", "engine is not running")):
+    if message.startswith(("server busy", "engine is not running", "engine is not reachable")):
         return "UNAVAILABLE"
     return "INTERNAL"
 

@@ -23,6 +23,7 @@ from tritonllm.triton.models.common import (
     request_inputs,
     wants_chat,
 )
+from tritonllm.triton.models.engine_link import EngineCallError, EngineLink, EngineStream
 from tritonllm.triton.models.preprocessing import PreprocessingModel
 from tritonllm.triton.repository import ENGINE_MODEL
 from tritonllm.triton.tensors import RequestError
@@ -50,6 +51,9 @@ PASSTHROUGH_OUTPUTS = (
     "num_output_tokens",
     "finish_reason",
 )
+ENGINE_OUTPUTS = ["output_ids", "sequence_length", "output_context_ids", *PASSTHROUGH_OUTPUTS]
+# Where `tensorrt_llm` is when config.pbtxt does not say (`tritonllm launch` fills it in).
+DEFAULT_ENGINE_GRPC_URL = "127.0.0.1:8001"
 # BLS inputs NVIDIA declares for multimodal and speculative decoding, which this engine has not.
 BLS_UNSUPPORTED_INPUTS = (
     "image_input",
@@ -73,12 +77,13 @@ TEXT_INPUTS = (
 class BLSModel:
     """`tensorrt_llm_bls`: the ensemble's contract in one Python model, with cancellation.
 
-    Tokenizes and detokenizes in-process and calls `tensorrt_llm` (decoupled or not, as this model).
-    When the client cancels, `tensorrt_llm` gets a `stop` request for the inner request id, which frees
-    the engine's KV blocks before its next step (ensembles cannot do this in Triton 2.51). Cancellation
-    is checked after each response (at most every CANCEL_CHECK_S, less often under many requests: the
-    checks share a budget per second) and swept at twice that interval for requests still waiting; a
-    stop that may have overtaken its request is sent again when the request answers, so none is lost.
+    Tokenizes and detokenizes in-process and streams token ids from `tensorrt_llm` (decoupled or not,
+    as this model) over this server's own gRPC port (`engine_link`: the Python backend's BLS calls
+    crash under streaming load in Triton 2.51). When the client cancels, the gRPC call is cancelled,
+    which cancels the engine request and frees its KV blocks before the engine's next step (ensembles
+    cannot do this in Triton 2.51). Cancellation is checked after each response (at most every
+    CANCEL_CHECK_S, less often under many requests: the checks share a budget per second) and swept
+    at twice that interval for requests still waiting.
     """
 
     CANCEL_CHECK_S = 0.05
@@ -89,6 +94,7 @@ class BLSModel:
         self.decoupled = is_decoupled(self.pb, config)
         params = model_parameters(config)
         self.codec = TextCodec(params["tokenizer_dir"])
+        self.engine = EngineLink(params.get("engine_grpc_url") or DEFAULT_ENGINE_GRPC_URL, ENGINE_MODEL)
         self.pre = PreprocessingModel()
         self.pre.pb, self.pre.codec = self.pb, self.codec
         self._lock = threading.Lock()
@@ -105,6 +111,7 @@ class BLSModel:
     def finalize(self) -> None:
         self._closing.set()
         self._watcher.join(5.0)
+        self.engine.close()
 
     def engine_inputs(
         self, inputs: tensors.Inputs, chat: bool, priority: object = None
@@ -164,36 +171,27 @@ class BLSModel:
             log.exception("BLS preprocessing failed")
             channel.send(None, f"internal error: {exc}", final=True)
             return
-        state = _BlsRequest(channel)
+        try:
+            stream = self.engine.open(inner_id, engine_inputs, ENGINE_OUTPUTS)
+        except Exception as exc:
+            log.exception("BLS could not start the engine request")
+            channel.send(None, f"internal error: {exc}", final=True)
+            return
+        state = _BlsRequest(channel, stream)
         with self._lock:
             self._inflight[inner_id] = state
         try:
-            inner = self.pb.InferenceRequest(
-                model_name=ENGINE_MODEL,
-                request_id=inner_id,
-                inputs=[self.pb.Tensor(name, arr) for name, arr in engine_inputs.items()],
-                requested_output_names=[
-                    "output_ids",
-                    "sequence_length",
-                    "output_context_ids",
-                    *PASSTHROUGH_OUTPUTS,
-                ],
-            )
-            responses = inner.exec(decoupled=True) if self.decoupled else [inner.exec()]
-            for response in responses:
-                if response.has_error():
-                    channel.send(None, response.error().message(), final=True)
-                    return
-                outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+            for outputs in stream:
                 if "output_ids" not in outputs:
                     continue  # the flag-only final response
-                if state.stopped:  # the client has gone: make sure the stop reached the engine
-                    self._stop_again(inner_id, state)
-                    continue
                 channel.send(self._text_response(outputs), None, final=not self.decoupled)
-                self._check_cancelled(inner_id, state)
-            if self.decoupled:
+                self._check_cancelled(state)
+            if stream.cancelled:
+                channel.send(None, "request cancelled", final=True)
+            elif self.decoupled:
                 channel.send(None, None, final=True)
+        except EngineCallError as exc:
+            channel.send(None, str(exc), final=True)
         except Exception as exc:
             log.exception("BLS request failed")
             try:
@@ -222,51 +220,24 @@ class BLSModel:
     def _check_interval(self) -> float:
         return cancel_check_interval(self.CANCEL_CHECK_S, len(self._inflight))
 
-    def _check_cancelled(self, inner_id: str, state: _BlsRequest, intervals: int = 1) -> None:
+    def _check_cancelled(self, state: _BlsRequest, intervals: int = 1) -> None:
         now = time.monotonic()
-        if state.stopped or now - state.checked_at < intervals * self._check_interval():
+        if state.stream.cancelled or now - state.checked_at < intervals * self._check_interval():
             return
         state.checked_at = now
         try:
             if state.channel.is_cancelled():
-                state.stopped = True
-                self._send_stop(inner_id)
+                state.stream.cancel()
         except Exception:
-            log.exception("cancelling %s failed", inner_id)
-
-    def _stop_again(self, inner_id: str, state: _BlsRequest) -> None:
-        """A response after the stop: the stop may have reached tensorrt_llm before the request did."""
-        if state.stops_sent < 3:
-            state.stops_sent += 1
-            self._send_stop(inner_id)
+            log.exception("cancelling a BLS request failed")
 
     def _sweep(self) -> None:
         """Requests without a response lately (waiting in the engine, long prefills)."""
         while not self._closing.wait(SWEEP_FACTOR * self.CANCEL_CHECK_S):
             with self._lock:
-                items = list(self._inflight.items())
-            for inner_id, state in items:
-                self._check_cancelled(inner_id, state, intervals=SWEEP_FACTOR)
-
-    def _send_stop(self, inner_id: str) -> None:
-        """Tell tensorrt_llm to cancel `inner_id` (NVIDIA's `stop` input)."""
-        one = np.array([[1]], dtype=np.int32)
-        stop = self.pb.InferenceRequest(
-            model_name=ENGINE_MODEL,
-            request_id=inner_id,
-            inputs=[
-                self.pb.Tensor("input_ids", one),
-                self.pb.Tensor("input_lengths", one),
-                self.pb.Tensor("request_output_len", one),
-                self.pb.Tensor("stop", np.array([[True]], dtype=bool)),
-            ],
-            requested_output_names=[],
-        )
-        if self.decoupled:
-            for _ in stop.exec(decoupled=True):
-                pass
-        else:
-            stop.exec()
+                states = list(self._inflight.values())
+            for state in states:
+                self._check_cancelled(state, intervals=SWEEP_FACTOR)
 
 
 @dataclass
@@ -274,6 +245,5 @@ class _BlsRequest:
     """A BLS request in flight: its client channel and cancellation state."""
 
     channel: SenderChannel
+    stream: EngineStream
     checked_at: float = 0.0
-    stopped: bool = False
-    stops_sent: int = 0

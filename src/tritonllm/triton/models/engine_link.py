@@ -1,0 +1,101 @@
+"""How `tensorrt_llm_bls` reaches `tensorrt_llm`: one gRPC stream per request to this server's own port.
+
+Not the Python backend's BLS (`InferenceRequest.exec(decoupled=True)`): under streaming load that path
+of Triton 2.51 corrupts the stub's heap (segfaults after 60-500 streams in 10 of 10 runs of
+`benchmarks/stress_streams.py`, also with NVIDIA's inline pattern) and can deadlock (the GIL against
+its response-iterator mutexes). A stub that only sends responses, as `tensorrt_llm` does for every
+token, is not affected. gRPC also ties cancellation to the call: cancelling the stream cancels the
+engine request, which frees its KV blocks within one step, with no `stop` request that could overtake
+the request it stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+from tritonllm.triton.bridge import Outputs
+
+UNREACHABLE = "engine is not reachable"  # prefix of the error when the call itself fails
+
+_Input = service_pb2.ModelInferRequest.InferInputTensor
+_Output = service_pb2.ModelInferRequest.InferRequestedOutputTensor
+
+
+class EngineCallError(Exception):
+    """The engine model answered with an error, or could not be reached; the message says which."""
+
+
+def infer_request(
+    model: str, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]
+) -> service_pb2.ModelInferRequest:
+    """A `ModelInferRequest` carrying `inputs` as raw bytes, as `tritonclient` would send them."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for name, array in inputs.items():
+        array = np.ascontiguousarray(array)
+        datatype = np_to_triton_dtype(array.dtype)
+        if datatype == "BYTES":
+            serialized = serialize_byte_tensor(array)
+            raw = serialized.item() if serialized.size else b""
+        else:
+            raw = array.tobytes()
+        request.inputs.append(_Input(name=name, datatype=datatype, shape=array.shape))
+        request.raw_input_contents.append(raw)
+    request.outputs.extend(_Output(name=name) for name in outputs)
+    return request
+
+
+class EngineStream:
+    """One request's responses as output dicts; `cancel()` (any thread) cancels it on the server."""
+
+    def __init__(self, call: grpc.Call, url: str):
+        self._call = call
+        self._url = url
+        self.cancelled = False
+
+    def __iter__(self) -> Iterator[Outputs]:
+        try:
+            for message in self._call:
+                if message.error_message:
+                    raise EngineCallError(message.error_message)
+                response = message.infer_response
+                if response.outputs:
+                    result = InferResult(response)
+                    yield {o.name: result.as_numpy(o.name) for o in response.outputs}
+        except grpc.RpcError as exc:
+            if self.cancelled:
+                return
+            detail = f"{exc.code().name}: {exc.details()}"
+            raise EngineCallError(f"{UNREACHABLE} over gRPC at {self._url} ({detail})") from None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._call.cancel()
+
+
+class EngineLink:
+    """A gRPC channel to the engine model; `open` starts one streamed request on it (thread-safe)."""
+
+    def __init__(self, url: str, model: str):
+        self.url = url
+        self.model = model
+        self._channel = grpc.insecure_channel(
+            url,
+            options=[
+                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ],
+        )
+        self._stream = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelStreamInfer
+
+    def open(self, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> EngineStream:
+        """Send the request and half-close: Triton ends the stream after the request's final response."""
+        request = infer_request(self.model, request_id, inputs, outputs)
+        return EngineStream(self._stream(iter([request])), self.url)
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,0 +1,44 @@
+"""`engine_link`: the BLS's gRPC requests to `tensorrt_llm` (served end to end in test_models and others)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from triton_fixture import free_ports
+from tritonclient.grpc._utils import _get_inference_request
+
+from tritonllm.triton.models.engine_link import UNREACHABLE, EngineCallError, EngineLink, infer_request
+
+
+def test_infer_request_is_what_tritonclient_sends() -> None:
+    """Every input type the BLS passes on (ids, lengths, flags, floats, seeds, guide strings)."""
+    inputs = {
+        "input_ids": np.array([[1, 2, 3]], dtype=np.int32),
+        "streaming": np.array([[True]], dtype=bool),
+        "temperature": np.array([[0.5]], dtype=np.float32),
+        "random_seed": np.array([[7]], dtype=np.uint64),
+        "guided_decoding_guide": np.array([[b'{"type": "object"}']], dtype=object),
+        "stop_words_list": np.zeros((1, 2, 0), dtype=np.int32),
+    }
+    theirs = []
+    for name, array in inputs.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), grpcclient.np_to_triton_dtype(array.dtype))
+        theirs.append(tensor.set_data_from_numpy(array))
+    outputs = [grpcclient.InferRequestedOutput(n) for n in ("output_ids", "sequence_length")]
+    expected = _get_inference_request(
+        "tensorrt_llm", theirs, "", "bls-1", outputs, 0, False, False, 0, None, None
+    )  # fmt: skip
+    assert infer_request("tensorrt_llm", "bls-1", inputs, ["output_ids", "sequence_length"]) == expected
+
+
+def test_an_unreachable_engine_is_a_clear_error() -> None:
+    (port,) = free_ports(1)  # nothing listens there
+    link = EngineLink(f"127.0.0.1:{port}", "tensorrt_llm")
+    try:
+        stream = link.open("bls-1", {"input_ids": np.array([[1]], dtype=np.int32)}, ["output_ids"])
+        expected = rf"^{UNREACHABLE} over gRPC at 127.0.0.1:{port} \(UNAVAILABLE"
+        with pytest.raises(EngineCallError, match=expected):
+            list(stream)
+    finally:
+        link.close()
