@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from triton_fixture import free_ports
+from tritonclient.grpc import service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 
-from tritonllm.triton.models.engine_link import UNREACHABLE, EngineCallError, EngineLink, infer_request
+from tritonllm.triton.models.engine_link import (
+    UNREACHABLE,
+    EngineCallError,
+    EngineLink,
+    infer_request,
+    response_outputs,
+)
 
 
 def test_infer_request_is_what_tritonclient_sends() -> None:
@@ -42,3 +49,31 @@ def test_an_unreachable_engine_is_a_clear_error() -> None:
             list(stream)
     finally:
         link.close()
+
+
+def test_response_outputs_read_as_tritonclient_reads_them() -> None:
+    """Each type `tensorrt_llm` sends: ids, counts, log-probabilities, timings, finish reasons."""
+    arrays = {
+        "output_ids": np.array([[[5, 6, 7]]], dtype=np.int32),
+        "num_output_tokens": np.array([[3]], dtype=np.uint32),
+        "cum_log_probs": np.array([[-0.5]], dtype=np.float32),
+        "arrival_time_ns": np.array([[123456789012]], dtype=np.int64),
+        "finish_reason": np.array([[b"length"]], dtype=object),
+        "empty": np.zeros((1, 0), dtype=np.float32),
+    }
+    response = service_pb2.ModelInferResponse(model_name="tensorrt_llm")
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), grpcclient.np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        response.outputs.append(
+            service_pb2.ModelInferResponse.InferOutputTensor(
+                name=name, datatype=tensor.datatype(), shape=array.shape
+            )
+        )
+        response.raw_output_contents.append(tensor._raw_content or b"")
+    ours = response_outputs(response)
+    theirs = grpcclient.InferResult(response)
+    for name, array in arrays.items():
+        assert ours[name].dtype == theirs.as_numpy(name).dtype and ours[name].shape == array.shape, name
+        np.testing.assert_array_equal(ours[name], theirs.as_numpy(name))
+        np.testing.assert_array_equal(ours[name], array)

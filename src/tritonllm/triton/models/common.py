@@ -127,6 +127,11 @@ class SenderChannel:
             else:
                 self._sender.send(response, flags=flags)
 
+    @property
+    def requested(self) -> frozenset[str]:
+        """The outputs the request asked for (all of the model's when it named none)."""
+        return self._requested
+
     def is_cancelled(self) -> bool:
         with self._lock:
             return not self._closed and self._request.is_cancelled()

@@ -16,7 +16,12 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferResult, service_pb2, service_pb2_grpc
-from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+from tritonclient.utils import (
+    deserialize_bytes_tensor,
+    np_to_triton_dtype,
+    serialize_byte_tensor,
+    triton_to_np_dtype,
+)
 
 from tritonllm.triton.bridge import Outputs
 
@@ -49,6 +54,23 @@ def infer_request(
     return request
 
 
+def response_outputs(response: service_pb2.ModelInferResponse) -> Outputs:
+    """A response's outputs as arrays (read-only views of its raw bytes): what `InferResult.as_numpy`
+    gives, without its search by name and copies per output, once per streamed token."""
+    raw = response.raw_output_contents
+    if len(raw) != len(response.outputs):  # typed `contents` (not what Triton sends): tritonclient reads
+        result = InferResult(response)
+        return {o.name: result.as_numpy(o.name) for o in response.outputs}
+    outputs = {}
+    for output, data in zip(response.outputs, raw, strict=True):
+        if output.datatype == "BYTES":
+            array = deserialize_bytes_tensor(data)
+        else:
+            array = np.frombuffer(data, dtype=triton_to_np_dtype(output.datatype))
+        outputs[output.name] = array.reshape(output.shape)
+    return outputs
+
+
 class EngineStream:
     """One request's responses as output dicts; `cancel()` (any thread) cancels it on the server."""
 
@@ -62,10 +84,8 @@ class EngineStream:
             for message in self._call:
                 if message.error_message:
                     raise EngineCallError(message.error_message)
-                response = message.infer_response
-                if response.outputs:
-                    result = InferResult(response)
-                    yield {o.name: result.as_numpy(o.name) for o in response.outputs}
+                if message.infer_response.outputs:
+                    yield response_outputs(message.infer_response)
         except grpc.RpcError as exc:
             if self.cancelled:
                 return

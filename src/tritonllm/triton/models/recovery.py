@@ -113,11 +113,12 @@ def recover(pb: ModuleType, model_name: str, model_config: dict[str, Any], engin
 def stop_stalled_server(stalled_s: float) -> None:
     """The response sender has been inside one send for `stalled_s`: stop tritonserver.
 
-    Seen in Triton 2.51: when a BLS stub dies (killed, crashed) while its inner `tensorrt_llm` stream is
-    running, the next response for it blocks the server's thread in the Python backend's
-    SendBLSDecoupledResponse, waiting for the dead stub, forever; this stub's send waits on that thread,
-    and every request on the model hangs while readiness stays 200. A reload cannot replace an instance
-    stuck so, so the server stops for its supervisor to restart it.
+    Seen in Triton 2.51: when a stub that calls `tensorrt_llm` through the Python backend's BLS calls
+    dies (killed, crashed) while its inner stream is running (`tensorrt_llm_bls` did before it moved to
+    gRPC, `engine_link`; a user's own BLS model may), the next response for it blocks the server's
+    thread in the Python backend's SendBLSDecoupledResponse, waiting for the dead stub, forever; this
+    stub's send waits on that thread, and every request on the model hangs while readiness stays 200.
+    A reload cannot replace an instance stuck so, so the server stops for its supervisor to restart it.
     """
     log.error(
         "a response send has not returned for %.0f s (a consumer of this model's responses, such as a BLS "

@@ -87,7 +87,7 @@ class EngineModel:
         )
         # A dead engine loop: reload this model (a new engine), or stop the server (`recovery`).
         limit = int(params.get("max_engine_restarts") or DEFAULT_MAX_ENGINE_RESTARTS)
-        # A send that never returns (a dead BLS stub's response): stop the server (`recovery`).
+        # A send that never returns (a dead BLS caller): stop the server (`recovery`).
         self.watchdog = recovery.EngineWatchdog(
             engine,
             lambda: recovery.recover(self.pb, args["model_name"], config, engine, limit),

@@ -51,7 +51,8 @@ PASSTHROUGH_OUTPUTS = (
     "num_output_tokens",
     "finish_reason",
 )
-ENGINE_OUTPUTS = ["output_ids", "sequence_length", "output_context_ids", *PASSTHROUGH_OUTPUTS]
+# What the text needs; the passthrough outputs are asked for only when the BLS's caller asked for them.
+TEXT_OUTPUTS = ["output_ids", "sequence_length", "output_context_ids"]
 # Where `tensorrt_llm` is when config.pbtxt does not say (`tritonllm launch` fills it in).
 DEFAULT_ENGINE_GRPC_URL = "127.0.0.1:8001"
 # BLS inputs NVIDIA declares for multimodal and speculative decoding, which this engine has not.
@@ -172,7 +173,8 @@ class BLSModel:
             channel.send(None, f"internal error: {exc}", final=True)
             return
         try:
-            stream = self.engine.open(inner_id, engine_inputs, ENGINE_OUTPUTS)
+            wanted = TEXT_OUTPUTS + [n for n in PASSTHROUGH_OUTPUTS if n in channel.requested]
+            stream = self.engine.open(inner_id, engine_inputs, wanted)
         except Exception as exc:
             log.exception("BLS could not start the engine request")
             channel.send(None, f"internal error: {exc}", final=True)
