@@ -1,9 +1,10 @@
 """Many concurrent SSE streams against one model of a running server, some cut off mid-stream.
 
 Reproduced the `tensorrt_llm_bls` stub crash of Triton 2.51's BLS calls, and checks the gRPC path that
-replaced them (benchmarks/README.md, "BLS stub crash"): workers each send one streamed request after another (8-200 exact output tokens) and disconnect from a
-`--cut` share of them after a few events. A worker stops at its first failed request, so a dead model
-shows as `failed` equal to the number of workers. Prints the counts every 10 s and at the end.
+replaced them (benchmarks/README.md, "BLS stub crash"): workers each send one streamed request after
+another (8-200 exact output tokens) and disconnect from a `--cut` share of them after a few events. A
+worker stops at its first failed request, so a dead model shows as `failed` equal to the number of
+workers. Prints the counts every 10 s and at the end.
 
     .venv/bin/tritonllm launch &     # then:
     .venv/bin/python benchmarks/stress_streams.py --model tensorrt_llm_bls --workers 8 --seconds 120
