@@ -2,7 +2,9 @@
 and through `tritonllm openai` (HTTP, SSE) on one Triton server, the latter with the official `openai`
 client and with a plain HTTP client (aiohttp, SSE lines read as they come). The plain client separates
 what the front door adds from what the `openai` package costs its caller (building and validating its
-request and response models takes ~1.3 ms per request at concurrency 1).
+request and response models takes ~1.3 ms per request at concurrency 1). A second front door calls
+`tensorrt_llm` itself (`--triton-model tensorrt_llm`, no BLS hop), read by the plain client
+(`http_front_door_engine`).
 
 Both paths send the same inputs (the front door's own translation of one completion body: greedy,
 `ignore_eos`, so every request generates exactly `--max-tokens` tokens), `--concurrency` at a time, with
@@ -35,6 +37,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -49,7 +52,7 @@ from tritonllm.precision import TORCH_QUANTIZATIONS
 from tritonllm.tokenization import load_tokenizer
 from tritonllm.triton.launcher import LaunchOptions, TritonServer
 
-PATHS = ("grpc_direct", "openai_front_door", "http_front_door")
+PATHS = ("grpc_direct", "openai_front_door", "http_front_door", "http_front_door_engine")
 FRONT_DOOR_PATHS = PATHS[1:]
 
 
@@ -74,12 +77,18 @@ def percentile(values: list[float], q: float) -> float:
 
 class Runner:
     def __init__(
-        self, backend: TritonBackend, front_door_url: str, translator: RequestTranslator, model: str
+        self,
+        backend: TritonBackend,
+        front_door_url: str,
+        engine_front_door_url: str,
+        translator: RequestTranslator,
+        model: str,
     ):
         self.backend = backend
         self.translator = translator
         self.model = model
         self.url = front_door_url
+        self.engine_url = engine_front_door_url
         self.client = openai.AsyncOpenAI(base_url=front_door_url, api_key="unused", max_retries=0)
         self.session: aiohttp.ClientSession | None = None  # made on the running loop
 
@@ -117,14 +126,16 @@ class Runner:
                 tokens = chunk.usage.completion_tokens
         return arrivals[0], arrivals, tokens
 
-    async def http_front_door(self, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+    async def http_front_door(
+        self, prompt: str, max_tokens: int, url: str | None = None
+    ) -> tuple[float, list[float], int]:
         """The same request as `front_door`, as plain HTTP: the SSE lines parsed as JSON, nothing more."""
         if self.session is None:
             self.session = aiohttp.ClientSession()
         body = {**self.body(prompt, max_tokens), "stream": True, "stream_options": {"include_usage": True}}
         start = time.perf_counter()
         arrivals, tokens = [], 0
-        async with self.session.post(f"{self.url}/completions", json=body) as response:
+        async with self.session.post(f"{url or self.url}/completions", json=body) as response:
             if response.status != 200:
                 raise RuntimeError(f"http_front_door: {response.status} {await response.text()}")
             async for line in response.content:
@@ -144,8 +155,13 @@ class Runner:
 
     async def round(self, path: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
         gate = asyncio.Semaphore(concurrency)
-        calls = {"grpc_direct": self.direct, "openai_front_door": self.front_door}
-        call = calls.get(path, self.http_front_door)
+        calls = {
+            "grpc_direct": self.direct,
+            "openai_front_door": self.front_door,
+            "http_front_door": self.http_front_door,
+            "http_front_door_engine": partial(self.http_front_door, url=self.engine_url),
+        }
+        call = calls[path]
 
         async def one(prompt: str) -> tuple[float, list[float], int]:
             async with gate:
@@ -259,19 +275,26 @@ def cpu_seconds(pid: int) -> float:
 async def benchmark(
     args: argparse.Namespace,
     encoder: PromptEncoder,
-    grpc_url: str,
+    server: TritonServer,
     http_url: str,
-    front_door: str,
-    front_door_pid: int,
+    front_doors: dict[str, FrontDoorProcess],
 ) -> dict:
     """The interleaved rounds, then (with --aiperf) aiperf and a direct run right after it.
 
     The front door's own CPU time per request (its process's user + system time over a round) is its
-    cost independent of machine load.
+    cost independent of machine load; the server's (tritonserver and its model stubs, engine included)
+    per output token shows what each path costs the machine that serves it.
     """
     model = Path(encoder.tokenizer.name_or_path).name
+    grpc_url = server.grpc_url
     backend = TritonBackend(grpc_url, "tensorrt_llm_bls", 10.0, 1.0)  # on this event loop
-    runner = Runner(backend, f"{front_door}/v1", RequestTranslator(encoder, None, model), model)
+    bls_door, engine_door = (front_doors[p].url for p in ("tensorrt_llm_bls", "tensorrt_llm"))
+    runner = Runner(backend, bls_door, engine_door, RequestTranslator(encoder, None, model), model)
+    pids = {name: door.process.pid for name, door in front_doors.items() if door.process is not None}
+    door_pids = {path: pids["tensorrt_llm_bls"] for path in FRONT_DOOR_PATHS}
+    door_pids["http_front_door_engine"] = pids["tensorrt_llm"]
+    assert server.process is not None
+    server_pids = [server.process.pid, *server.stub_pids().values()]
     per_path: dict[str, list[dict]] = {p: [] for p in PATHS}
     for path in PATHS:  # warm-up: the kernel, the channels, the front door's first request
         await runner.round(
@@ -281,12 +304,14 @@ async def benchmark(
         order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]
         for path in order:
             prompts = make_prompts(encoder, args.requests, args.prompt_tokens, f"{r}-{path}")
-            cpu_before = cpu_seconds(front_door_pid)
+            door_before = cpu_seconds(door_pids[path]) if path in door_pids else 0.0
+            server_before = sum(cpu_seconds(pid) for pid in server_pids)
             result = await runner.round(path, prompts, args.max_tokens, args.concurrency)
-            if path in FRONT_DOOR_PATHS:
-                result["cpu_ms_per_request"] = (
-                    1000 * (cpu_seconds(front_door_pid) - cpu_before) / len(prompts)
-                )
+            server_s = sum(cpu_seconds(pid) for pid in server_pids) - server_before
+            result["server_cpu_ms_per_token"] = 1000 * server_s / (len(prompts) * args.max_tokens)
+            if path in door_pids:
+                door_s = cpu_seconds(door_pids[path]) - door_before
+                result["cpu_ms_per_request"] = 1000 * door_s / len(prompts)
             per_path[path].append(result)
             print(f"round {r} {path}: {json.dumps({k: round(v, 2) for k, v in result.items()})}", flush=True)
     results = {path: summarize(rounds) for path, rounds in per_path.items()}
@@ -298,7 +323,13 @@ async def benchmark(
     if args.aiperf:
         artifacts = Path(args.out).parent / "openai_aiperf"
         results["aiperf -> openai_front_door"] = await asyncio.to_thread(
-            run_aiperf, args.aiperf, args, front_door, model, encoder.tokenizer.name_or_path, artifacts
+            run_aiperf,
+            args.aiperf,
+            args,
+            bls_door.removesuffix("/v1"),
+            model,
+            encoder.tokenizer.name_or_path,
+            artifacts,
         )
         prompts = make_prompts(encoder, args.aiperf_requests, args.prompt_tokens, "after-aiperf")
         results["grpc_direct (after aiperf)"] = await runner.round(
@@ -323,13 +354,14 @@ def write_report(results: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     rows = [
-        "| run | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | output tok/s |",
-        "| --- | --- | --- | --- | --- |",
+        "| run | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | output tok/s | server CPU ms/token |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in results["paths"].items():
+        server_cpu = f"{r['server_cpu_ms_per_token']:.2f}" if "server_cpu_ms_per_token" in r else "-"
         rows.append(
             f"| {name} | {r['ttft_p50_ms']:.1f} | {r['ttft_p95_ms']:.1f} | {r['itl_p50_ms']:.2f} | "
-            f"{r['tokens_per_s']:.1f} |"
+            f"{r['tokens_per_s']:.1f} | {server_cpu} |"
         )
     text = "\n".join(
         [
@@ -385,20 +417,17 @@ def main() -> int:
         dtype=args.dtype,
     )
     server = TritonServer(options).start()
-    front_door = FrontDoorProcess(model_dir, server.grpc_url, "127.0.0.1", free_port(), None)
+    front_doors = {  # through the BLS (the default) and straight into the engine model
+        name: FrontDoorProcess(model_dir, server.grpc_url, "127.0.0.1", free_port(), None, name)
+        for name in ("tensorrt_llm_bls", "tensorrt_llm")
+    }
     try:
         server.wait_ready(600)
-        front_door.start()
-        wait_healthy(front_door.url.removesuffix("/v1"), 300)
+        for door in front_doors.values():
+            door.start()
+            wait_healthy(door.url.removesuffix("/v1"), 300)
         paths = asyncio.run(
-            benchmark(
-                args,
-                encoder,
-                server.grpc_url,
-                f"http://127.0.0.1:{options.http_port}",
-                front_door.url.removesuffix("/v1"),
-                front_door.process.pid,
-            )
+            benchmark(args, encoder, server, f"http://127.0.0.1:{options.http_port}", front_doors)
         )
         results: dict = {"paths": paths}
         direct_ms = paths["grpc_direct"]["ttft_p50_ms"]
@@ -412,7 +441,8 @@ def main() -> int:
         )
         write_report(results, Path(args.out))
     finally:
-        front_door.stop()
+        for door in front_doors.values():
+            door.stop()
         server.stop()
     return 0
 

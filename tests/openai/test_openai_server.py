@@ -134,6 +134,29 @@ def stack(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         triton.stop(timeout_s=30)
 
 
+@pytest.fixture(scope="module")
+def engine_stack(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A second front door on the same server that calls `tensorrt_llm` itself (`--triton-model
+    tensorrt_llm`: its own tokenization and detokenization, the BLS's code, no BLS hop)."""
+    tmp = tmp_path_factory.mktemp("openai_engine")
+    keys_file = tmp / "keys.json"
+    keys_file.write_text(json.dumps({"keys": [{"name": name, **spec} for name, spec in KEYS.items()]}))
+    args = [*front_door_args(stack.model_dir, stack.triton.grpc_url), "--api-keys-file", str(keys_file)]
+    process, url = start_front_door([*args, "--triton-model", "tensorrt_llm"], tmp / "front_door.log")
+    try:
+        yield Stack(stack.triton, url, stack.model_dir)
+    finally:
+        stop_process(process)
+
+
+@pytest.fixture(params=["tensorrt_llm_bls", "tensorrt_llm"])
+def door(request: pytest.FixtureRequest, stack: Stack) -> Stack:
+    """The front door through the BLS (the default), and straight into the token-id engine model."""
+    if request.param == "tensorrt_llm":
+        return request.getfixturevalue("engine_stack")
+    return stack
+
+
 def ensemble_text(
     stack: Stack, prompt: str, max_tokens: int, model: str = "ensemble", **params: object
 ) -> str:
@@ -149,11 +172,11 @@ def ensemble_text(
 # Generation: text, streaming, usage.
 
 
-def test_completion_text_equals_the_ensemble_and_usage_is_exact(stack: Stack) -> None:
+def test_completion_text_equals_the_ensemble_and_usage_is_exact(door: Stack) -> None:
     prompt = "The quick brown fox"
-    result = stack.client().completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
-    assert result.choices[0].text == ensemble_text(stack, prompt, 12)
-    tokenizer = load_tokenizer(stack.model_dir)
+    result = door.client().completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert result.choices[0].text == ensemble_text(door, prompt, 12)
+    tokenizer = load_tokenizer(door.model_dir)
     assert result.usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
     assert result.choices[0].finish_reason in ("stop", "length")
     assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
@@ -172,9 +195,9 @@ def settled(metrics_url: str, pattern: str) -> float:
     return values[-1]
 
 
-def test_completion_tokens_match_the_engine_count(stack: Stack) -> None:
-    before = settled(stack.metrics, GENERATED)
-    result = stack.client().completions.create(
+def test_completion_tokens_match_the_engine_count(door: Stack) -> None:
+    before = settled(door.metrics, GENERATED)
+    result = door.client().completions.create(
         model=MODEL,
         prompt="Blocks are allocated",
         max_tokens=9,
@@ -183,12 +206,12 @@ def test_completion_tokens_match_the_engine_count(stack: Stack) -> None:
     )
     assert result.usage.completion_tokens == 9
     assert result.choices[0].finish_reason == "length"
-    assert wait_for(lambda: metric_sum(stack.metrics, GENERATED) == before + 9, timeout_s=5)
+    assert wait_for(lambda: metric_sum(door.metrics, GENERATED) == before + 9, timeout_s=5)
 
 
-def test_streamed_chat_joins_to_the_whole_text_with_usage_last(stack: Stack) -> None:
+def test_streamed_chat_joins_to_the_whole_text_with_usage_last(door: Stack) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
-    client = stack.client()
+    client = door.client()
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
     chunks = list(
         client.chat.completions.create(
@@ -207,27 +230,27 @@ def test_streamed_chat_joins_to_the_whole_text_with_usage_last(stack: Stack) -> 
     assert finals == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
-    tokenizer = load_tokenizer(stack.model_dir)
+    tokenizer = load_tokenizer(door.model_dir)
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert whole.usage.prompt_tokens == len(expected)
 
 
-def test_chat_text_equals_the_bls_chat_template_path(stack: Stack) -> None:
-    result = stack.client().chat.completions.create(
+def test_chat_text_equals_the_bls_chat_template_path(door: Stack) -> None:
+    result = door.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Tell me"}], max_tokens=8, temperature=0
     )
-    expected = ensemble_text(stack, "Tell me", 8, model="tensorrt_llm_bls", apply_chat_template=True)
+    expected = ensemble_text(door, "Tell me", 8, model="tensorrt_llm_bls", apply_chat_template=True)
     assert result.choices[0].message.content == expected
 
 
-def test_async_streamed_completion_with_stop_string(stack: Stack) -> None:
+def test_async_streamed_completion_with_stop_string(door: Stack) -> None:
     prompt = "The quick brown fox"
-    whole = ensemble_text(stack, prompt, 16)
+    whole = ensemble_text(door, prompt, 16)
     stop = whole[3:6]  # a stop string inside the greedy output
     assert stop.strip()
 
     async def run() -> tuple[str, list[str]]:
-        client = stack.async_client()
+        client = door.async_client()
         stream = await client.completions.create(
             model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stream=True, stop=[stop]
         )
@@ -243,8 +266,8 @@ def test_async_streamed_completion_with_stop_string(stack: Stack) -> None:
     assert reasons == ["stop"]
 
 
-def test_echo_and_logprobs(stack: Stack) -> None:
-    client = stack.client()
+def test_echo_and_logprobs(door: Stack) -> None:
+    client = door.client()
     echoed = client.completions.create(model=MODEL, prompt="Rotary", max_tokens=4, temperature=0, echo=True)
     plain = client.completions.create(model=MODEL, prompt="Rotary", max_tokens=4, temperature=0)
     assert echoed.choices[0].text == "Rotary" + plain.choices[0].text
@@ -265,8 +288,8 @@ def _error(call) -> openai.APIStatusError:
     return info.value
 
 
-def test_invalid_and_unsupported_parameters_are_named(stack: Stack) -> None:
-    client = stack.client()
+def test_invalid_and_unsupported_parameters_are_named(door: Stack) -> None:
+    client = door.client()
     cases = {
         "n": lambda: client.completions.create(model=MODEL, prompt="a", max_tokens=2, n=2),
         "logit_bias": lambda: client.completions.create(model=MODEL, prompt="a", logit_bias={"1": 5}),
@@ -303,11 +326,11 @@ def test_keys_model_and_auth_errors(stack: Stack) -> None:
     assert [m.id for m in stack.client().models.list()] == [MODEL]
 
 
-def test_engine_busy_is_429_with_retry_after(stack: Stack) -> None:
+def test_engine_busy_is_429_with_retry_after(door: Stack) -> None:
     """2 running + 3 waiting fill the engine; more requests get the engine's busy error as 429."""
 
     async def run() -> list[object]:
-        client = stack.async_client()
+        client = door.async_client()
         calls = [
             client.completions.create(
                 model=MODEL,
@@ -327,7 +350,7 @@ def test_engine_busy_is_429_with_retry_after(stack: Stack) -> None:
     assert busy, results
     assert all(r.body["code"] == "engine_busy" and int(r.response.headers["Retry-After"]) >= 1 for r in busy)
     assert all(r.usage.completion_tokens == 60 for r in results if not isinstance(r, Exception))
-    assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) == 0, timeout_s=10)
+    assert wait_for(lambda: metric_sum(door.metrics, KV_USED) == 0, timeout_s=10)
 
 
 def test_triton_unreachable_is_503(stack: Stack) -> None:
@@ -359,8 +382,8 @@ def test_triton_unreachable_is_503(stack: Stack) -> None:
 # Cancellation.
 
 
-def test_client_disconnect_mid_stream_frees_the_kv_blocks(stack: Stack) -> None:
-    aborted = settled(stack.metrics, ABORTED)
+def test_client_disconnect_mid_stream_frees_the_kv_blocks(door: Stack) -> None:
+    aborted = settled(door.metrics, ABORTED)
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me a long story"}],
@@ -370,7 +393,7 @@ def test_client_disconnect_mid_stream_frees_the_kv_blocks(stack: Stack) -> None:
     }
     headers = {"Authorization": f"Bearer {KEYS['premium']['key']}"}
     with requests.post(
-        f"{stack.url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=30
+        f"{door.url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=30
     ) as response:
         lines = response.iter_lines()
         got = [line for line, _ in zip(lines, range(6), strict=False) if line]
@@ -378,8 +401,8 @@ def test_client_disconnect_mid_stream_frees_the_kv_blocks(stack: Stack) -> None:
     # Closed at once: the tiny model ends 400 tokens in ~0.4 s, so waiting here (e.g. for the 0.25 s
     # metrics refresh) would race its natural end. The abort counter proves it was still running.
     # Connection closed mid-stream: the front door cancels the gRPC stream, the BLS the engine request.
-    assert wait_for(lambda: metric_sum(stack.metrics, ABORTED) == aborted + 1, timeout_s=10)
-    assert wait_for(lambda: metric_sum(stack.metrics, KV_USED) == 0, timeout_s=10)
+    assert wait_for(lambda: metric_sum(door.metrics, ABORTED) == aborted + 1, timeout_s=10)
+    assert wait_for(lambda: metric_sum(door.metrics, KV_USED) == 0, timeout_s=10)
 
 
 # Limits and tiers.

@@ -12,10 +12,11 @@ import pytest
 from tritonllm.engine import EngineConfig
 from tritonllm.engine.serving import ServingEngine
 from tritonllm.triton.metrics import HISTOGRAMS, MetricsReporter
-from tritonllm.triton.models import BLSModel, PostprocessingModel, PreprocessingModel
+from tritonllm.triton.models import PostprocessingModel, PreprocessingModel
 from tritonllm.triton.models.tensorrt_llm import engine_config
 from tritonllm.triton.tensors import RequestError, from_word_list
 from tritonllm.triton.text import TextCodec
+from tritonllm.triton.text_requests import TextRequests
 
 
 @pytest.fixture(scope="module")
@@ -92,21 +93,24 @@ def test_postprocess_uses_context(codec: TextCodec) -> None:
     assert out["OUTPUT"].tolist() == [b" brown"], "1-D, one string per row and beam (NVIDIA's shape)"
 
 
-def test_bls_maps_ensemble_names_and_reports_them(codec: TextCodec) -> None:
-    bls = BLSModel()
-    bls.codec, bls.pre, bls.decoupled = codec, preprocessor(codec), True
+def test_text_requests_map_ensemble_names_and_report_them(codec: TextCodec) -> None:
+    """What the BLS and the front door (calling tensorrt_llm itself) send the engine."""
+    text = TextRequests(codec)
     inputs = {
         "text_input": s("hello"),
         "max_tokens": np.array([[5]], dtype=np.int32),
         "top_p": np.array([[0.5]], dtype=np.float32),
         "stream": np.array([[True]]),
     }
-    out = bls.engine_inputs(inputs, chat=False)
+    out = text.engine_inputs(inputs, chat=False)
     assert out["request_output_len"].tolist() == [[5]] and out["streaming"].tolist() == [[True]]
     assert out["runtime_top_p"].tolist() == [[0.5]] and out["input_ids"].tolist() == [codec.encode("hello")]
     inputs["top_p"] = np.array([[3.0]], dtype=np.float32)
     with pytest.raises(RequestError, match=r"^input 'top_p': "):
-        bls.engine_inputs(inputs, chat=False)
+        text.engine_inputs(inputs, chat=False)
+    inputs["top_p"] = np.array([[0.5]], dtype=np.float32)
+    with pytest.raises(RequestError, match=r"^input 'stream': needs the decoupled model"):
+        text.engine_inputs(inputs, decoupled=False)
 
 
 def test_engine_config_from_parameters() -> None:

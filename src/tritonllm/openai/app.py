@@ -110,7 +110,11 @@ class FrontDoor:
         max_len = config.max_model_len or model_max_len(config.tokenizer_dir, tokenizer)
         self.translator = RequestTranslator(self.encoder, max_len, config.served_model_name)
         self.backend = backend or TritonBackend(
-            config.triton_url, config.triton_model, config.connect_timeout_s, config.retry_after_s
+            config.triton_url,
+            config.triton_model,
+            config.connect_timeout_s,
+            config.retry_after_s,
+            tokenizer_dir=config.tokenizer_dir,
         )
         self.metrics = FrontDoorMetrics()
         self.limiters = Limiters()

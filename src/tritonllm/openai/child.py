@@ -13,7 +13,15 @@ import sys
 
 
 class FrontDoorProcess:
-    def __init__(self, model_dir: str, triton_grpc_url: str, host: str, port: int, max_model_len: int | None):
+    def __init__(
+        self,
+        model_dir: str,
+        triton_grpc_url: str,
+        host: str,
+        port: int,
+        max_model_len: int | None,
+        triton_model: str | None = None,
+    ):
         self.command = [
             sys.executable,
             "-m",
@@ -30,6 +38,8 @@ class FrontDoorProcess:
         ]
         if max_model_len is not None:
             self.command += ["--max-model-len", str(max_model_len)]
+        if triton_model is not None:
+            self.command += ["--triton-model", triton_model]
         self.url = f"http://{host}:{port}/v1"
         self.process: subprocess.Popen | None = None
 

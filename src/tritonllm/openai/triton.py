@@ -1,4 +1,9 @@
-"""The front door's Triton client: one gRPC stream per generation into `tensorrt_llm_bls`.
+"""The front door's Triton client: one gRPC stream per generation into `tensorrt_llm_bls`, or straight
+into the token-id model `tensorrt_llm` (`--triton-model tensorrt_llm`).
+
+Straight into `tensorrt_llm`, the front door does the BLS's work itself with the same code
+(`tritonllm.triton.text_requests`: tokenization, stop words, validation, incremental detokenization),
+which saves the BLS's stub and one more pass through Triton for every streamed token.
 
 Tensors are built and responses read with the `tritonllm-client` package's helpers, so the front door
 reads token counts, log-probabilities and finish reasons exactly as that client does. Leaving the
@@ -47,6 +52,10 @@ from tritonllm_client.results import Piece, piece_from_outputs
 from tritonllm_client.transport import UINT64_INPUTS
 
 from tritonllm.openai.errors import APIError
+from tritonllm.triton.models.engine_link import infer_request, response_outputs
+from tritonllm.triton.tensors import RequestError
+from tritonllm.triton.text import TextCodec
+from tritonllm.triton.text_requests import TEXT_OUTPUTS, TextRequests
 
 # The outputs a Piece is built from (tritonllm_client.results.piece_from_outputs).
 READ_OUTPUTS = ("text_output", "num_output_tokens", "output_log_probs", "cum_log_probs", "finish_reason")
@@ -132,6 +141,19 @@ def input_tensor(name: str, value: Any) -> tuple[Any, bytes]:
     return _InputTensor(name=name, datatype="FP32", shape=[1, 1]), _FP32.pack(value)
 
 
+def input_array(name: str, value: Any) -> np.ndarray:
+    """One request value as the `[1, 1]` (`[1, N]` for a list of strings) array `input_tensor` sends."""
+    if isinstance(value, list):
+        return np.array([[v.encode() for v in value]], dtype=object)
+    if isinstance(value, str):
+        return np.array([[value.encode()]], dtype=object)
+    if isinstance(value, bool):
+        return np.array([[value]], dtype=bool)
+    if isinstance(value, int):
+        return np.array([[value]], dtype=np.uint64 if name in UINT64_INPUTS else np.int32)
+    return np.array([[value]], dtype=np.float32)
+
+
 def build_request(model: str, inputs: dict[str, Any], outputs: list[str], request_id: str) -> Any:
     """The `ModelInferRequest` that `tritonclient` builds from `grpc_tensor` inputs (tested equal)."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
@@ -203,9 +225,18 @@ class TritonBackend:
     """gRPC to Triton: `tritonclient`'s client for metadata and readiness, and a channel of the same
     options on which `generate` opens one `ModelStreamInfer` stream per request."""
 
-    def __init__(self, url: str, model: str, connect_timeout_s: float, retry_after_s: float):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        connect_timeout_s: float,
+        retry_after_s: float,
+        tokenizer_dir: str | None = None,
+    ):
         self.url = url
         self.model = model
+        self.tokenizer_dir = tokenizer_dir  # for a token-id model: the text work the BLS would do
+        self._text: TextRequests | None = None
         self.connect_timeout_s = connect_timeout_s
         self.retry_after_s = retry_after_s
         self._client = grpcaio.InferenceServerClient(url)
@@ -256,7 +287,11 @@ class TritonBackend:
             wanted = set(READ_OUTPUTS) if want_log_probs else set(READ_OUTPUTS) - {"output_log_probs"}
             # Only the outputs read here: the rest (timings, KV counters) would cost a conversion each.
             outputs = self._outputs[want_log_probs] = sorted(wanted & declared_outputs)
-        request = build_request(self.model, inputs, outputs, request_id)
+        text = await self._text_requests() if "input_ids" in declared_inputs else None
+        if text is None:
+            request = build_request(self.model, inputs, outputs, request_id)
+        else:
+            request = self._engine_request(text, inputs, outputs, request_id)
         call = self._stream()
         try:
             try:
@@ -270,12 +305,38 @@ class TritonBackend:
                     return
                 if response.error_message:
                     raise self._error(InferenceServerException(msg=response.error_message))
-                if response.infer_response.outputs:
+                if not response.infer_response.outputs:
+                    continue
+                if text is None:
                     yield read_piece(response.infer_response)
+                    continue
+                engine_outputs = response_outputs(response.infer_response)
+                if "output_ids" in engine_outputs:  # not the flag-only final response
+                    yield piece_from_outputs(text.text_outputs(engine_outputs))
         except (grpc.aio.AioRpcError, InferenceServerException) as exc:
             raise self._error(exc) from None
         finally:
             call.cancel()  # a no-op after the final response; cancels the request otherwise
+
+    async def _text_requests(self) -> TextRequests:
+        """The tokenizer's text work for a token-id model (loaded once, off the event loop)."""
+        if self._text is None:
+            if not self.tokenizer_dir:
+                raise APIError(500, f"{self.model} takes token ids, and no tokenizer was given")
+            codec = await asyncio.to_thread(TextCodec, self.tokenizer_dir)
+            self._text = TextRequests(codec)
+        return self._text
+
+    def _engine_request(
+        self, text: TextRequests, inputs: dict[str, Any], outputs: list[str], request_id: str
+    ) -> Any:
+        """The `tensorrt_llm` request the BLS would send for these ensemble-named inputs."""
+        try:
+            arrays = text.engine_inputs({name: input_array(name, value) for name, value in inputs.items()})
+        except RequestError as exc:
+            raise api_error(InvalidRequestError(str(exc)), self.retry_after_s) from None
+        wanted = [*TEXT_OUTPUTS, *(name for name in outputs if name != "text_output")]
+        return infer_request(self.model, request_id, arrays, wanted)
 
     async def ready(self) -> bool:
         """Whether Triton answers and the model is ready."""
