@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny_model import build_tokenizer
@@ -23,6 +24,9 @@ from tritonllm.openai.protocol import PromptEncoder, RequestTranslator
 from tritonllm.openai.responses import ResponseBuilder
 from tritonllm.openai.server import new_event_loop
 from tritonllm.openai.tools import NO_PARAMETERS, tool_plan
+from tritonllm.openai.triton import TritonBackend, build_request, input_array
+from tritonllm.triton.models.engine_link import infer_request
+from tritonllm.triton.text_requests import TEXT_OUTPUTS
 
 # Keys and auth.
 
@@ -896,3 +900,48 @@ def test_an_unhealthy_python_stub_is_503_with_retry_after() -> None:
 
     error = api_error(classify("Stub process 'tensorrt_llm_bls_0_0' is not healthy.", "m"), 2.0)
     assert (error.status, error.code, error.headers()) == (503, "backend_unavailable", {"Retry-After": "2"})
+
+
+def test_engine_inputs_travel_as_the_bls_inputs_would() -> None:
+    """Straight into `tensorrt_llm`, the front door's values become the arrays `input_tensor` sends."""
+    inputs = {"text_input": "hi", "stop_words": ["a", "bc"], "stream": True, "max_tokens": 4, "seed": 7}
+    inputs["top_p"] = 0.5
+    outputs = ["text_output", "num_output_tokens"]
+    arrays = {name: input_array(name, value) for name, value in inputs.items()}
+    assert infer_request("m", "id", arrays, outputs) == build_request("m", inputs, outputs, "id")
+
+
+def test_engine_request_errors_name_the_parameter(tiny_llama_dir: Path) -> None:
+    """A request `tensorrt_llm`'s text code refuses is the caller's 400, naming the OpenAI parameter."""
+
+    async def requests() -> tuple[Any, APIError]:
+        backend = TritonBackend("127.0.0.1:1", "tensorrt_llm", 1.0, 1.0, tokenizer_dir=str(tiny_llama_dir))
+        text = await backend._text_requests()
+        good = backend._engine_request(text, {"text_input": "hi", "max_tokens": 4}, ["finish_reason"], "id")
+        with pytest.raises(APIError) as info:
+            backend._engine_request(text, {"text_input": "", "max_tokens": 4}, [], "id")
+        await backend.close()
+        return good, info.value
+
+    request, error = asyncio.run(requests())
+    assert {"request_output_len", "input_ids", "input_lengths"} <= {t.name for t in request.inputs}
+    assert [o.name for o in request.outputs] == [*TEXT_OUTPUTS, "finish_reason"]
+    assert error.status == 400 and error.param == "prompt", error
+
+
+def test_a_token_id_model_without_context_ids_is_refused_clearly(tiny_llama_dir: Path) -> None:
+    """NVIDIA's tensorrt_llm sends no `output_context_ids`: the front door cannot detokenize its stream."""
+
+    async def generate() -> None:
+        backend = TritonBackend("127.0.0.1:1", "tensorrt_llm", 1.0, 1.0, tokenizer_dir=str(tiny_llama_dir))
+        backend._names = (frozenset({"input_ids", "request_output_len"}), frozenset({"output_ids"}))
+        try:
+            async for _ in backend.generate({"text_input": "hi", "max_tokens": 2}, 0, "id"):
+                pass
+        finally:
+            await backend.close()
+
+    with pytest.raises(APIError) as info:
+        asyncio.run(generate())
+    message = str(info.value)
+    assert info.value.status == 500 and "output_context_ids" in message and "tensorrt_llm_bls" in message

@@ -16,7 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model folder with the tokenizer (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--served-model-name", help="the `model` clients send (default: the folder's name)")
     parser.add_argument("--triton-url", default="127.0.0.1:8001", help="Triton's gRPC host:port")
-    parser.add_argument("--triton-model", default="tensorrt_llm_bls", help="the Triton model to call")
+    parser.add_argument(
+        "--triton-model",
+        default="tensorrt_llm_bls",
+        help="the Triton model to call: tensorrt_llm_bls (text in and out; any Triton serving NVIDIA's "
+        "contract), or this project's tensorrt_llm (token ids: the front door tokenizes and detokenizes "
+        "itself, one hop fewer per token; `tritonllm launch --openai-port` uses it)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")

@@ -287,7 +287,18 @@ class TritonBackend:
             wanted = set(READ_OUTPUTS) if want_log_probs else set(READ_OUTPUTS) - {"output_log_probs"}
             # Only the outputs read here: the rest (timings, KV counters) would cost a conversion each.
             outputs = self._outputs[want_log_probs] = sorted(wanted & declared_outputs)
-        text = await self._text_requests() if "input_ids" in declared_inputs else None
+        text = None
+        if "input_ids" in declared_inputs:  # a token-id model: the BLS's text work happens here
+            if "output_context_ids" not in declared_outputs:
+                raise APIError(
+                    500,
+                    f"{self.model} takes token ids but sends no output_context_ids to detokenize with "
+                    "(NVIDIA's tensorrt_llm): call tensorrt_llm_bls instead (--triton-model)",
+                    type="server_error",
+                    code="unsupported_model",
+                    reason="internal_error",
+                )
+            text = await self._text_requests()
         if text is None:
             request = build_request(self.model, inputs, outputs, request_id)
         else:
