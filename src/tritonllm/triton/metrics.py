@@ -8,6 +8,7 @@ lists them. Latencies are in seconds.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import queue
 import threading
@@ -113,9 +114,19 @@ class MetricsReporter:
         self._queue.put("rejected")
 
     def close(self) -> None:
+        """Publish once more, let go of the engine, and keep the Triton metric objects for the life of
+        the process.
+
+        Freeing them is wrong both ways in Triton 2.51. In `finalize` it deletes the metric families in
+        the server, where a restarted instance of the model publishes to the same families. Left to the
+        interpreter's teardown after `finalize`, their destructors reach a stub that is already gone
+        and segfault it on every unload (the use-after-free python_backend fixed in 2026, PR #433).
+        """
         self._stop.set()
         self._thread.join(5.0)
         self._publish()
+        del self._engine
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self))  # never freed: the process ends soon
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

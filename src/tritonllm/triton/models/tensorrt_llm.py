@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -127,7 +126,3 @@ class EngineModel:
         self.watchdog.close()
         self.bridge.shutdown(self.drain_timeout_s)
         self.metrics.close()
-        # Free the engine here, while the stub is whole: left to the interpreter's teardown after
-        # `finalize`, collecting it segfaulted the stub on every unload (Triton 2.51's stub).
-        del self.watchdog, self.bridge, self.metrics
-        gc.collect()
