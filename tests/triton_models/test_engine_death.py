@@ -99,6 +99,39 @@ def log_text(tmp_path: Path) -> str:
     return (tmp_path / "tritonserver.log").read_text(errors="replace")
 
 
+def start_launcher(options: LaunchOptions, tmp_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`tritonllm launch` in a child process, returned once it says it serves (its log: launch.log)."""
+    script = (
+        "import sys\n"
+        "from tritonllm.triton.launcher import LaunchOptions, launch\n"
+        f"sys.exit(launch(LaunchOptions(**{options.__dict__!r})))\n"
+    )
+    log = (tmp_path / "launch.log").open("wb")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+
+    # Ready once the launcher says so: the server may answer ready a poll before the launcher has seen
+    # it, and an engine killed in between stops a server that the launcher still waits for.
+    def launched() -> bool:
+        return "Ctrl-C stops the server" in (tmp_path / "launch.log").read_text()
+
+    up = wait_for(lambda: launched() or child.poll() is not None, READY_TIMEOUT_S, step_s=0.5)
+    if not up or child.poll() is not None:
+        stop_launcher(child)
+        raise AssertionError((tmp_path / "launch.log").read_text()[-3000:])
+    return child
+
+
+def stop_launcher(child: subprocess.Popen) -> None:
+    if child.poll() is None:  # SIGTERM first: the launcher stops its server (SIGKILL would orphan it)
+        child.terminate()
+        try:
+            child.wait(60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 def test_a_dead_engine_loop_fails_requests_counts_errors_and_stops_the_launcher(
     tiny_llama_dir: Path, tmp_path: Path
 ) -> None:
@@ -107,41 +140,54 @@ def test_a_dead_engine_loop_fails_requests_counts_errors_and_stops_the_launcher(
     options = tiny_server_options(
         tiny_llama_dir, disable_kernels=True, drain_timeout_s=1, exit_timeout_s=5, max_engine_restarts=0
     )
-    script = (
-        "import sys\n"
-        "from tritonllm.triton.launcher import LaunchOptions, launch\n"
-        f"sys.exit(launch(LaunchOptions(**{options.__dict__!r})))\n"
-    )
-    log = (tmp_path / "launch.log").open("wb")
     env = {**os.environ, "TRITONLLM_MODEL_REPOSITORY": str(templates)}
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT, env=env)
+    child = start_launcher(options, tmp_path, env)
     server = TritonServer(options)  # only for its URLs
     try:
-        # Ready once the launcher says so: the server may answer ready a poll before the launcher has seen
-        # it, and an engine killed in between stops a server that the launcher still waits for.
-        def launched() -> bool:
-            return "Ctrl-C stops the server" in (tmp_path / "launch.log").read_text()
-
-        up = wait_for(lambda: launched() or child.poll() is not None, READY_TIMEOUT_S, step_s=0.5)
-        assert up and child.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
         errors_before = metric_sum(server.metrics_url, ERRORS)
-
         kill_engine(server)
         assert wait_for(lambda: metric_sum(server.metrics_url, ERRORS) == errors_before + 1, 2), "counted"
-
         assert child.wait(60) == ENGINE_DIED
         assert not is_ready(server), "nothing answers ready once the engine died"
     finally:
-        if child.poll() is None:  # SIGTERM first: the launcher stops its server (SIGKILL would orphan it)
-            child.terminate()
-            try:
-                child.wait(60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        log.close()
+        stop_launcher(child)
     text = (tmp_path / "launch.log").read_text()
     assert "engine loop died" in text and "stopping tritonserver" in text
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def test_the_launcher_stops_the_server_when_a_model_stub_dies(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Triton 2.51 keeps a model whose stub died "ready" and fails its every request: the launcher's
+    `StubMonitor` sees it within two looks (a second each) and stops the server, exit ENGINE_DIED."""
+    options = tiny_server_options(tiny_llama_dir, disable_kernels=True, drain_timeout_s=1, exit_timeout_s=5)
+    child = start_launcher(options, tmp_path, dict(os.environ))
+    try:
+        (tritonserver,) = children(child.pid)
+        bls = [pid for pid in children(tritonserver) if "tensorrt_llm_bls" in cmdline(pid)]
+        assert len(bls) == 1, [cmdline(pid) for pid in children(tritonserver)]
+        os.kill(bls[0], signal.SIGKILL)
+        assert child.wait(30) == ENGINE_DIED
+    finally:
+        stop_launcher(child)
+    text = (tmp_path / "launch.log").read_text()
+    assert "the stub process of tensorrt_llm_bls died" in text, text[-3000:]
 
 
 def test_a_bare_tritonserver_restarts_the_engine_then_stops_past_the_limit(
