@@ -103,7 +103,7 @@ class BLSModel:
                 self._check_cancelled(state)
             if stream.cancelled:
                 channel.send(None, "request cancelled", final=True)
-            elif self.decoupled:
+            else:  # decoupled: the flag-only final; a closed channel (unary, answered) ignores it
                 channel.send(None, None, final=True)
         except EngineCallError as exc:
             channel.send(None, str(exc), final=True)
