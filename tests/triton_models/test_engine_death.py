@@ -155,34 +155,16 @@ def test_a_dead_engine_loop_fails_requests_counts_errors_and_stops_the_launcher(
     assert "engine loop died" in text and "stopping tritonserver" in text
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ")
-    except OSError:
-        return ""
-
-
 def test_the_launcher_stops_the_server_when_a_model_stub_dies(tiny_llama_dir: Path, tmp_path: Path) -> None:
     """Triton 2.51 keeps a model whose stub died "ready" and fails its every request: the launcher's
     `StubMonitor` sees it within two looks (a second each) and stops the server, exit ENGINE_DIED."""
     options = tiny_server_options(tiny_llama_dir, disable_kernels=True, drain_timeout_s=1, exit_timeout_s=5)
     child = start_launcher(options, tmp_path, dict(os.environ))
     try:
-        (tritonserver,) = children(child.pid)
-        bls = [pid for pid in children(tritonserver) if "tensorrt_llm_bls" in cmdline(pid)]
-        assert len(bls) == 1, [cmdline(pid) for pid in children(tritonserver)]
-        os.kill(bls[0], signal.SIGKILL)
+        (tritonserver,) = server_module.child_processes(child.pid)
+        stubs = server_module.stub_pids(tritonserver)
+        assert "tensorrt_llm_bls" in stubs, stubs
+        os.kill(stubs["tensorrt_llm_bls"], signal.SIGKILL)
         assert child.wait(30) == ENGINE_DIED
     finally:
         stop_launcher(child)

@@ -118,6 +118,29 @@ def server_command(
     return cmd
 
 
+def child_processes(pid: int) -> dict[int, list[str]]:
+    """The running children of process `pid` and their command lines (from /proc)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            children[int(stat.parent.name)] = stat.with_name("cmdline").read_text().split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+    return children
+
+
+def stub_pids(tritonserver_pid: int) -> dict[str, int]:
+    """A tritonserver's Python-backend stubs by model name: a stub's first argument is the model's file,
+    `<model>/<version>/model.py`."""
+    return {
+        Path(args[1]).parent.parent.name: pid
+        for pid, args in child_processes(tritonserver_pid).items()
+        if len(args) > 1
+    }
+
+
 def _answers(url: str) -> bool:
     """Whether a GET of `url` returns 200 now."""
     with (
@@ -155,17 +178,7 @@ class TritonServer:
     def stub_pids(self) -> dict[str, int]:
         """The pids of this server's Python-backend stubs, by model name ('tensorrt_llm', ...)."""
         assert self.process is not None
-        stubs = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != self.process.pid:
-                    continue
-                args = stat.with_name("cmdline").read_text().split("\0")
-            except (OSError, ValueError, IndexError):
-                continue
-            if len(args) > 1:  # the stub's first argument is the model's file, <model>/<version>/model.py
-                stubs[Path(args[1]).parent.parent.name] = int(stat.parent.name)
-        return stubs
+        return stub_pids(self.process.pid)
 
     def models_without_stub(self) -> list[str]:
         """This repository's Python models that Triton lists READY but whose stub process is gone.
