@@ -118,6 +118,7 @@ class GrpcStream:
         request_id: str | None = None,
         tensors: list[grpcclient.InferInput] = (),
         outputs: list[str] | None = None,
+        timeout_us: int | None = None,
     ):
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.results: queue.Queue = queue.Queue()
@@ -128,6 +129,7 @@ class GrpcStream:
             request_id=request_id or uuid.uuid4().hex,
             outputs=None if outputs is None else [grpcclient.InferRequestedOutput(o) for o in outputs],
             enable_empty_final_response=True,
+            timeout=timeout_us,
         )
 
     def responses(self, limit: int | None = None):
@@ -154,12 +156,22 @@ class GrpcStream:
 
 
 def engine_stream(
-    server: TritonServer, request_id: str, inputs: dict[str, Any], outputs: list[str] | None = None
+    server: TritonServer,
+    request_id: str,
+    inputs: dict[str, Any],
+    outputs: list[str] | None = None,
+    timeout_us: int | None = None,
 ) -> GrpcStream:
     """A request straight to `tensorrt_llm` (token ids in, NVIDIA's engine tensor names)."""
     ids = np.array([[5, 6, 7, 8, 9]], dtype=np.int32)
     input_ids = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
     input_ids.set_data_from_numpy(ids)
     return GrpcStream(
-        server, "tensorrt_llm", inputs, request_id=request_id, tensors=[input_ids], outputs=outputs
+        server,
+        "tensorrt_llm",
+        inputs,
+        request_id=request_id,
+        tensors=[input_ids],
+        outputs=outputs,
+        timeout_us=timeout_us,
     )

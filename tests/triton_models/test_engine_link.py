@@ -18,8 +18,10 @@ from tritonllm.triton.models.engine_link import (
 )
 
 
-def test_infer_request_is_what_tritonclient_sends() -> None:
-    """Every input type the BLS passes on (ids, lengths, flags, floats, seeds, guide strings)."""
+@pytest.mark.parametrize("timeout_us", [0, 2_500_000])
+def test_infer_request_is_what_tritonclient_sends(timeout_us: int) -> None:
+    """Every input type the BLS passes on (ids, lengths, flags, floats, seeds, guide strings), and the
+    request timeout as tritonclient's `timeout=` sends it (0: none)."""
     inputs = {
         "input_ids": np.array([[1, 2, 3]], dtype=np.int32),
         "streaming": np.array([[True]], dtype=bool),
@@ -34,9 +36,10 @@ def test_infer_request_is_what_tritonclient_sends() -> None:
         theirs.append(tensor.set_data_from_numpy(array))
     outputs = [grpcclient.InferRequestedOutput(n) for n in ("output_ids", "sequence_length")]
     expected = _get_inference_request(
-        "tensorrt_llm", theirs, "", "bls-1", outputs, 0, False, False, 0, None, None
+        "tensorrt_llm", theirs, "", "bls-1", outputs, 0, False, False, 0, timeout_us or None, None
     )  # fmt: skip
-    assert infer_request("tensorrt_llm", "bls-1", inputs, ["output_ids", "sequence_length"]) == expected
+    ours = infer_request("tensorrt_llm", "bls-1", inputs, ["output_ids", "sequence_length"], timeout_us)
+    assert ours == expected
 
 
 def test_an_unreachable_engine_is_a_clear_error() -> None:

@@ -13,6 +13,7 @@ from tritonllm.engine import EngineConfig
 from tritonllm.engine.serving import ServingEngine
 from tritonllm.triton.metrics import HISTOGRAMS, MetricsReporter
 from tritonllm.triton.models import PostprocessingModel, PreprocessingModel
+from tritonllm.triton.models.common import request_timeout_us
 from tritonllm.triton.models.tensorrt_llm import engine_config
 from tritonllm.triton.tensors import RequestError, from_word_list
 from tritonllm.triton.text import TextCodec
@@ -205,3 +206,21 @@ def test_metrics_reporter_publishes(tiny_llama_dir: Path) -> None:
         == generated
     )
     assert isinstance(bridge.engine, ServingEngine)
+
+
+@pytest.mark.parametrize(
+    ("triton_timeout_us", "params", "expected"),
+    [(0, {}, 0), (2_500_000, {}, 2_500_000), (0, {"timeout": 1234}, 1234), (7, {"timeout": 1234}, 7)],
+)
+def test_request_timeout_is_tritons_own_else_the_parameter(
+    triton_timeout_us: int, params: dict, expected: int
+) -> None:
+    request = types.SimpleNamespace(timeout=lambda: triton_timeout_us)
+    assert request_timeout_us(request, params) == expected
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "100", True])
+def test_a_bad_timeout_parameter_names_it(value: object) -> None:
+    request = types.SimpleNamespace(timeout=lambda: 0)
+    with pytest.raises(RequestError, match="timeout"):
+        request_timeout_us(request, {"timeout": value})

@@ -346,6 +346,63 @@ def test_stop_input_cancels_the_request_with_that_id(triton_server: TritonServer
     assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 3)
 
 
+# Time limits: Triton passes a gRPC request's `timeout` to the model and enforces nothing itself for a
+# Python model; HTTP /generate passes a `timeout` key as a parameter (both microseconds).
+
+LONG_TEXT = {"text_input": "The quick brown fox", "max_tokens": 480, "min_tokens": 480, "stream": True}
+
+
+def timed_out(server: TritonServer) -> float:
+    return metric_sum(server.metrics_url, r'tritonllm_requests_finished_total\{[^}]*reason="timeout"[^}]*\}')
+
+
+def test_a_grpc_timeout_ends_an_engine_request_with_reason_timeout(triton_server: TritonServer) -> None:
+    long = {"input_lengths": 5, "request_output_len": 480, "min_tokens": 480, "streaming": True}
+    before = timed_out(triton_server)
+    stream = engine_stream(triton_server, uuid.uuid4().hex, long, timeout_us=100_000)
+    try:
+        replies = list(stream.responses())
+    finally:
+        stream.close()
+    outputs, error = replies[-1]
+    assert error is None and outputs["finish_reason"].reshape(-1)[0] == b"timeout", replies[-1]
+    assert len(replies) < 480, "the request was cut short"
+    assert wait_for(lambda: timed_out(triton_server) == before + 1, timeout_s=3)
+    assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 3)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "sse"])
+@pytest.mark.parametrize("model", MODELS)
+def test_text_models_pass_their_timeout_to_the_engine(
+    triton_server: TritonServer, model: str, transport: str
+) -> None:
+    """gRPC `timeout=` and the HTTP `timeout` key both end the generation early, named as a timeout."""
+    before = timed_out(triton_server)
+    if transport == "grpc":
+        stream = GrpcStream(triton_server, model, LONG_TEXT, timeout_us=100_000)
+        try:
+            replies = list(stream.responses())
+        finally:
+            stream.close()
+        assert all(err is None for _, err in replies), replies[-1]
+        texts = [out["text_output"] for out, _ in replies]
+    else:
+        events = sse_generate(triton_server, model, {**LONG_TEXT, "timeout": 100_000})
+        assert all("error" not in e for e in events), events[-1]
+        texts = [e["text_output"] for e in events]
+    assert 0 < len(texts) < 480, "the request was cut short"
+    assert wait_for(lambda: timed_out(triton_server) == before + 1, timeout_s=3)
+    assert wait_for(lambda: kv_blocks_used(triton_server) == 0, 3)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_bad_timeout_parameter_fails_that_request_only(triton_server: TritonServer, model: str) -> None:
+    response = http_generate(triton_server, model, {**LONG_TEXT, "stream": False, "timeout": -5})
+    assert response.status_code == 400 and "timeout" in response.json()["error"], response.text
+    ok = http_generate(triton_server, model, {"text_input": "Hi", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+
+
 def test_metrics_have_ttft_histogram_and_move(triton_server: TritonServer) -> None:
     before = metric_sum(triton_server.metrics_url, "tritonllm_time_to_first_token_seconds_count")
     r = http_generate(triton_server, "ensemble", {"text_input": "hello", "max_tokens": 4})

@@ -50,7 +50,7 @@ def client(server: TritonServer) -> grpcclient.InferenceServerClient:
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_unary_text_request(unary_server: TritonServer, model: str) -> None:
-    result = client(unary_server).infer(model, text_inputs([PROMPT], 8, False), timeout=TIMEOUT_S)
+    result = client(unary_server).infer(model, text_inputs([PROMPT], 8, False), client_timeout=TIMEOUT_S)
     output = result.as_numpy("text_output")
     assert output.ndim == 1 and output[0].decode("utf-8")
 
@@ -87,7 +87,7 @@ def test_streaming_on_a_unary_server_names_the_input(
 ) -> None:
     inputs = engine_inputs([5, 6], 4, True) if model == "tensorrt_llm" else text_inputs([PROMPT], 4, True)
     with pytest.raises(InferenceServerException, match=f"'{name}'"):
-        client(unary_server).infer(model, inputs, timeout=TIMEOUT_S)
+        client(unary_server).infer(model, inputs, client_timeout=TIMEOUT_S)
 
 
 def first_token_ns(result) -> int:
@@ -158,7 +158,7 @@ def test_rejections_are_busy_errors_and_counted(unary_server: TritonServer) -> N
 
     def one() -> None:
         try:
-            client(unary_server).infer("tensorrt_llm", inputs, timeout=TIMEOUT_S)
+            client(unary_server).infer("tensorrt_llm", inputs, client_timeout=TIMEOUT_S)
         except InferenceServerException as exc:
             with lock:
                 errors.append(f"{exc.status()} {exc.message()}")

@@ -61,6 +61,21 @@ def checked_parameters(request: Any) -> dict[str, Any]:
     return params
 
 
+def request_timeout_us(request: Any, params: dict[str, Any]) -> int:
+    """The request's time limit in microseconds, 0 for none.
+
+    Triton hands a gRPC request's `timeout` (tritonclient's `timeout=`, microseconds) to the model as
+    `request.timeout()` and enforces nothing itself for a Python model; HTTP `/generate` turns a JSON
+    `timeout` key into a parameter instead, read here in the same unit.
+    """
+    if request.timeout():
+        return int(request.timeout())
+    value = params.get("timeout", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RequestError("timeout", f"must be a whole number of microseconds >= 0, got {value!r}")
+    return value
+
+
 def wants_chat(params: dict[str, Any]) -> bool:
     value = params.get("apply_chat_template", False)
     return value is True or str(value).lower() in ("1", "true", "yes")

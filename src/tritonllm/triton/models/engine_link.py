@@ -36,10 +36,12 @@ class EngineCallError(Exception):
 
 
 def infer_request(
-    model: str, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]
+    model: str, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str], timeout_us: int = 0
 ) -> service_pb2.ModelInferRequest:
     """A `ModelInferRequest` carrying `inputs` as raw bytes, as `tritonclient` would send them."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    if timeout_us:
+        request.parameters["timeout"].int64_param = timeout_us
     for name, array in inputs.items():
         array = np.ascontiguousarray(array)
         datatype = np_to_triton_dtype(array.dtype)
@@ -112,9 +114,11 @@ class EngineLink:
         )
         self._stream = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelStreamInfer
 
-    def open(self, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> EngineStream:
+    def open(
+        self, request_id: str, inputs: dict[str, np.ndarray], outputs: list[str], timeout_us: int = 0
+    ) -> EngineStream:
         """Send the request and half-close: Triton ends the stream after the request's final response."""
-        request = infer_request(self.model, request_id, inputs, outputs)
+        request = infer_request(self.model, request_id, inputs, outputs, timeout_us)
         return EngineStream(self._stream(iter([request])), self.url)
 
     def close(self) -> None:

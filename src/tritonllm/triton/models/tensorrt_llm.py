@@ -20,6 +20,7 @@ from tritonllm.triton.models.common import (
     pb_utils,
     request_inputs,
     request_parameters,
+    request_timeout_us,
 )
 from tritonllm.triton.options import DEFAULT_MAX_ENGINE_RESTARTS, DEFAULT_SEND_STALL_TIMEOUT_S
 from tritonllm.triton.tensors import RequestError
@@ -103,7 +104,9 @@ class EngineModel:
                 log.exception("no response sender")
                 continue
             try:
-                self.bridge.submit(request.request_id(), self.parse(request), channel)
+                timeout_us = request_timeout_us(request, request_parameters(request))
+                rows = self.parse(request)
+                self.bridge.submit(request.request_id(), rows, channel, timeout_s=timeout_us / 1e6 or None)
             except RequestError as exc:
                 channel.send(None, str(exc), final=True)
             except Exception as exc:

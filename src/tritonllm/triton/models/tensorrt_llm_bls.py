@@ -18,6 +18,7 @@ from tritonllm.triton.models.common import (
     model_parameters,
     pb_utils,
     request_inputs,
+    request_timeout_us,
     wants_chat,
 )
 from tritonllm.triton.models.engine_link import EngineCallError, EngineLink, EngineStream
@@ -75,6 +76,7 @@ class BLSModel:
         inner_id = f"bls-{uuid.uuid4().hex}"
         try:
             params = checked_parameters(request)
+            timeout_us = request_timeout_us(request, params)
             engine_inputs = self.text.engine_inputs(
                 request_inputs(request), wants_chat(params), params.get("priority"), self.decoupled
             )
@@ -87,7 +89,7 @@ class BLSModel:
             return
         try:
             wanted = TEXT_OUTPUTS + [n for n in PASSTHROUGH_OUTPUTS if n in channel.requested]
-            stream = self.engine.open(inner_id, engine_inputs, wanted)
+            stream = self.engine.open(inner_id, engine_inputs, wanted, timeout_us)
         except Exception as exc:
             log.exception("BLS could not start the engine request")
             channel.send(None, f"internal error: {exc}", final=True)
