@@ -14,9 +14,10 @@ workloads, then stops (always, also on error or Ctrl-C), then the next starts:
            one-server-after-another runs above fold into their ratios; here it hits every server alike
 
 Servers: `tritonllm` (`.venv/bin/tritonllm launch`, gRPC streaming into `tensorrt_llm`; once per
---tritonllm-args), `llama-bf16` and `llama-q8_0` (llama-server on GGUFs converted from the same HF
-folder), `vllm` (vLLM CPU's OpenAI server, bf16). Set-up is cached in .cache/peers/ (first run: the
-llama.cpp build takes 10-20 min on 2 cores, the vLLM install a few minutes).
+--tritonllm-args), `llama-bf16`, `llama-q8_0` and `llama-q4_0` (llama-server on GGUFs converted from the
+same HF folder; q4_0 quantized from the bf16 one by llama-quantize), `vllm` (vLLM CPU's OpenAI server,
+bf16). Set-up is cached in .cache/peers/ (first run: the llama.cpp build takes 10-20 min on 2 cores, the
+vLLM install a few minutes).
 
 Writes <out>/<name>.json and .md (tables, CPU flags, load average), <out>/<name>.png (throughput, TTFT
 and inter-token gaps side by side: `peers/plot.py`) and <out>/raw/<name>-<time>.json
@@ -27,6 +28,8 @@ and inter-token gaps side by side: `peers/plot.py`) and <out>/raw/<name>-<time>.
     .venv/bin/python benchmarks/bench_peers.py --servers tritonllm,llama-bf16 --workloads b1,c32
     .venv/bin/python benchmarks/bench_peers.py --servers tritonllm,llama-q8_0 --workloads "" \
         --interleave-b1 15
+    .venv/bin/python benchmarks/bench_peers.py --servers tritonllm,llama-q4_0 --workloads b1 \
+        --tritonllm-args "--quantization int4"
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from peers.workloads import (
 from tritonllm.default_model import model_path_or_default
 from tritonllm.engine.config import auto_quantization
 
-SERVERS = ("tritonllm", "llama-bf16", "llama-q8_0", "vllm")
+SERVERS = ("tritonllm", "llama-bf16", "llama-q8_0", "llama-q4_0", "vllm")
 WORKLOADS = ("b1", "c8", "c32", "mixed", "poisson")
 
 
@@ -114,7 +117,7 @@ def build_peers(args: argparse.Namespace, model_dir: Path, log_dir: Path) -> lis
     plan: list[tuple[str, Callable[[], servers.Peer]]] = []
     if "tritonllm" in wanted:
         plan += [(f"tritonllm {a}".strip(), ours(a)) for a in args.tritonllm_args or [""]]
-    plan += [(f"llama-{o}", llama(o)) for o in ("bf16", "q8_0") if f"llama-{o}" in wanted]
+    plan += [(f"llama-{o}", llama(o)) for o in ("bf16", "q8_0", "q4_0") if f"llama-{o}" in wanted]
     if "vllm" in wanted:
         plan.append(("vllm", vllm))
     return plan
@@ -235,7 +238,8 @@ def parse_args() -> argparse.Namespace:
         metavar="ARGS",
         help='engine options for `tritonllm launch` (e.g. "--quantization int8 --dtype auto"); '
         'repeat to run several variants, "" is the defaults (default: one run with the '
-        "defaults). Compared with llama.cpp q8_0 when the options say int8/q8, else bf16",
+        "defaults). Compared with llama.cpp q4_0 when the options say int4/q4/w4, q8_0 when "
+        "int8/q8/w8, else bf16",
     )
     parser.add_argument(
         "--interleave-b1",

@@ -84,6 +84,51 @@ def test_ratios_pair_same_weight_bits_and_vllm() -> None:
     assert "flags: avx2" in text
 
 
+def test_four_bit_weights_pair_with_llama_q4_0() -> None:
+    """4-bit options (int4 / q4 / w4 in the weights string) compare against llama.cpp q4_0, 8-bit ones
+    still against q8_0, and the ratio table pairs them so."""
+    for weights in ("int4", "int4_wo", "q4_0", "w4a16"):
+        assert llama_counterpart(weights) == "llama-q4_0", weights
+    for weights in ("int8", "q8_0", "w8a8"):
+        assert llama_counterpart(weights) == "llama-q8_0", weights
+    assert llama_counterpart("float32") == "llama-bf16"
+    summaries = {
+        "tritonllm --quantization int4": {"b1": _summary(200.0)},
+        "llama-q4_0": {"b1": _summary(160.0)},
+        "llama-q8_0": {"b1": _summary(120.0)},
+    }
+    weights = {"tritonllm --quantization int4": "int4", "llama-q4_0": "q4_0", "llama-q8_0": "q8_0"}
+    ours = ["tritonllm --quantization int4"]
+    row = ratios(summaries, ours, weights)["tritonllm --quantization int4"]
+    assert row["b1/llama-q4_0"] == pytest.approx(1.25) and "b1/llama-q8_0" not in row
+    meta = {"cpu_model": "cpu", "cores": 2, "cpu_flags": [], "load_before": (1,) * 3, "load_after": (1,) * 3}
+    text = markdown(summaries, weights, ours, {"b1": "1 request"}, meta)
+    assert "| tritonllm --quantization int4 | llama-q4_0 | 1.25 |" in text
+
+
+def test_llama_q4_0_is_a_server_choice_planned_after_q8_0(tmp_path: Path) -> None:
+    """`--servers ...,llama-q4_0` plans a llama-server on the q4_0 GGUF (nothing installed or started:
+    the factories are not called), and int4 launch options read as int4 weights."""
+    import argparse
+
+    import bench_peers
+
+    assert "llama-q4_0" in bench_peers.SERVERS
+    args = argparse.Namespace(
+        servers="llama-q4_0,tritonllm,llama-q8_0",
+        tritonllm_args=["--quantization int4"],
+        request_timeout=1.0,
+        threads=2,
+        ready_timeout=1.0,
+        llama_slots=1,
+        llama_args="",
+        vllm_dtype="bfloat16",
+    )
+    plan = [name for name, _ in bench_peers.build_peers(args, tmp_path, tmp_path)]
+    assert plan == ["tritonllm --quantization int4", "llama-q8_0", "llama-q4_0"]
+    assert bench_peers.weights_of("--quantization int4", tmp_path) == "int4"
+
+
 def test_plot_draws_every_server_and_recomputes_summaries_from_raw(tmp_path: Path) -> None:
     """A run's PNG from its raw requests: summaries recomputed as the benchmark does (so older runs get
     ITL p99 and the longest gap), a value a server lacks left out rather than failing the plot, and a

