@@ -1,7 +1,7 @@
-"""The int8 (blocks of 32, packed in tiles of 8 rows) and bf16 linear kernels, for every instruction set this
-CPU runs: they match a PyTorch reference on shapes that hit every tile edge, in both batch regimes (int8 dot
-products for a few tokens, fp32 expansion for more), and the PyTorch fallback of the int8 linear matches the
-kernel."""
+"""The int8 and 4-bit (blocks of 32, packed in tiles of 8 or 16 rows) and bf16 linear kernels, for every
+instruction set this CPU runs: they match a PyTorch reference on shapes that hit every tile edge, in both
+batch regimes (int8 dot products for a few tokens, fp32 expansion for more), and the PyTorch fallback of the
+block linears matches the kernel."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import torch
 
 from tritonllm.model import quant
 from tritonllm.model.cpu_kernels import load_kernels, supported_isas
-from tritonllm.model.quant import BlockInt8Linear, expand_int8_blocks, quantize_int8_blocks
+from tritonllm.model.quant import (
+    BlockInt4Linear,
+    BlockInt8Linear,
+    expand_int4_blocks,
+    expand_int8_blocks,
+    quantize_int4_blocks,
+    quantize_int8_blocks,
+)
 
 # (tokens, out_features, in_features): int8 runs its dot product two tokens at a time (eight in the
 # VNNI builds) at every size; bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
@@ -41,29 +48,37 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
     return q.view(x.shape[0], -1)[:, : x.shape[-1]]
 
 
+BLOCK_FORMATS = {"int8": BlockInt8Linear, "int4": BlockInt4Linear}
+
+
 @pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("shape", SHAPES)
-def test_int8_linear_matches_reference(isa: str, shape: tuple[int, int, int]) -> None:
-    kernels = load_kernels(isa)
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+def test_block_linear_matches_reference(fmt: str, isa: str, shape: tuple[int, int, int]) -> None:
+    """int8 and 4-bit weights in blocks of 32: the kernel's answer is the expanded weights times the
+    activations rounded to int8 per block."""
+    layer, kernels = BLOCK_FORMATS[fmt], load_kernels(isa)
+    pack, linear = getattr(kernels, f"{fmt}_pack"), getattr(kernels, f"{fmt}_linear")
     m, n, k = shape
     gen = torch.Generator().manual_seed(m * n + k)
     x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
     bias = torch.randn(n, generator=gen)
-    q, scale = quantize_int8_blocks(w)
-    assert q.shape == (n, -(-k // 32) * 32) and scale.shape == (n, q.shape[1] // 32)
-    weight = expand_int8_blocks(q, scale)[:, :k]
+    q, scale = quant.QUANTIZERS[fmt](w)
+    padded_k = -(-k // 32) * 32
+    assert q.shape == (n, padded_k if fmt == "int8" else padded_k // 2) and scale.shape == (n, padded_k // 32)
+    weight = layer.expand(q, scale)[:, :k]
     activations = quantized_activations(x)
     expected = activations @ weight.T + bias
-    packed = kernels.int8_pack(q, scale)
-    tile_rows = quant.int8_tile_rows(packed)
+    packed = pack(q, scale)
+    tile_rows = packed.shape[2] // layer.block_bytes
     assert tile_rows == (16 if isa in ("avx512_vnni", "avx512_bf16") else 8)
     rows = packed.shape[0] * tile_rows
     assert rows == -(-n // tile_rows) * tile_rows
     padded_bias = torch.nn.functional.pad(bias, (0, rows - n))
-    got = kernels.int8_linear(x, packed, padded_bias)
+    got = linear(x, packed, padded_bias)
     assert got.shape == (m, rows) and (got[:, n:] == 0).all()  # padded rows: zero weights, zero bias
     torch.testing.assert_close(got[:, :n], expected, atol=1e-4, rtol=1e-4)
-    got_bf16 = kernels.int8_linear(x.bfloat16(), packed, padded_bias)[:, :n]
+    got_bf16 = linear(x.bfloat16(), packed, padded_bias)[:, :n]
     assert got_bf16.dtype == torch.bfloat16
     expected_bf16 = quantized_activations(x.bfloat16().float()) @ weight.T + bias  # bf16 x rounds differently
     torch.testing.assert_close(got_bf16.float(), expected_bf16, atol=0.1, rtol=0.01)
@@ -93,6 +108,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
     gen = torch.Generator().manual_seed(tokens)
     x, w = torch.randn(tokens, 96, generator=gen), torch.randn(4000, 96, generator=gen)
     packed = kernels.int8_pack(*quantize_int8_blocks(w))
+    packed4 = kernels.int4_pack(*quantize_int4_blocks(w))
     previous = torch.get_num_threads()
     results = []
     try:
@@ -100,6 +116,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
             torch.set_num_threads(threads)
             results.append(
                 [kernels.int8_linear(x, packed) for _ in range(20)]
+                + [kernels.int4_linear(x, packed4) for _ in range(20)]
                 + [kernels.bf16_linear(x, w.bfloat16()) for _ in range(20)]
             )
     finally:
@@ -118,6 +135,31 @@ def test_int8_quantization_error_is_small() -> None:
     assert q.abs().max() <= 127
 
 
+def test_int4_quantization_is_q4_0s() -> None:
+    """llama.cpp's q4_0: a block's value of largest magnitude is exactly -8 steps of its fp16 scale, every
+    other weight within half a step (or one step, clamped at +7, for the opposite extreme); nibbles in q4_0's
+    order."""
+    w = torch.randn(64, 576) * torch.logspace(-3, 0, 576)
+    nibbles, scale = quantize_int4_blocks(w)
+    assert (
+        nibbles.dtype == torch.uint8
+        and nibbles.shape == (64, 288)
+        and torch.equal(scale.half().float(), scale)
+    )
+    steps = scale.abs().repeat_interleave(32, dim=1)
+    error = (expand_int4_blocks(nibbles, scale) - w).abs()
+    assert (error <= steps + 1e-7).all() and (error <= steps / 2 + 1e-7).float().mean() > 0.95
+    blocks = w.view(64, 18, 32)
+    extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    torch.testing.assert_close(scale * -8, extreme, rtol=1e-3, atol=0)
+    one = torch.zeros(1, 32)
+    one[0, 0], one[0, 16], one[0, 5] = -8.0, 7.0, 1.0  # scale 1: nibbles 0, 15, 9; the rest 8
+    packed, unit = quantize_int4_blocks(one)
+    assert unit.item() == 1.0 and packed[0, 0] == 0x0 | 15 << 4 and packed[0, 5] == 9 | 8 << 4
+    with pytest.raises(ValueError, match="int4 blocks hold at most"):
+        quantize_int4_blocks(torch.full((8, 32), 1e7))
+
+
 def test_int8_block_scales_are_fp16_values_rounded_up() -> None:
     """The kernels' tiles store scales in fp16: the quantizer picks fp16 values, never below a block's largest
     weight / 127 (so no weight is clipped), and refuses weights no fp16 scale can reach."""
@@ -131,8 +173,9 @@ def test_int8_block_scales_are_fp16_values_rounded_up() -> None:
 
 @pytest.mark.parametrize("rows", [32, 24, 13])
 @pytest.mark.parametrize("tokens", [2, 8])
-def test_int8_linear_fallback_without_kernels(
-    monkeypatch: pytest.MonkeyPatch, rows: int, tokens: int
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+def test_block_linear_fallback_without_kernels(
+    monkeypatch: pytest.MonkeyPatch, fmt: str, rows: int, tokens: int
 ) -> None:
     """No compiler: the layer expands its weights once and gives the kernel's answer, with the kernel's padded
     rows (13 is not a multiple of its tile of 8 or 16, 24 not of 16) dropped; such a layer stays out of the
@@ -143,11 +186,12 @@ def test_int8_linear_fallback_without_kernels(
         torch.randn(tokens, 96, generator=gen),
         torch.randn(rows),
     )
-    with_kernel = BlockInt8Linear(*quantize_int8_blocks(w), bias)
-    padded = rows % quant.int8_tile_rows(with_kernel.weight) != 0
+    layer, quantize = BLOCK_FORMATS[fmt], quant.QUANTIZERS[fmt]
+    with_kernel = layer(*quantize(w), bias)
+    padded = rows % with_kernel.tile_rows != 0
     assert (quant.kernel_tensors(with_kernel) is None) == padded
     monkeypatch.setattr(quant, "cpu_kernels", lambda device: None)
-    fallback = BlockInt8Linear(*quantize_int8_blocks(w), bias)
+    fallback = layer(*quantize(w), bias)
     assert fallback.weight.dtype == torch.float32
     expected = fallback(quantized_activations(x))
     assert with_kernel(x).shape == (tokens, rows)
@@ -182,6 +226,11 @@ def test_shape_mismatches_raise_with_the_sizes_in_the_message(isa: str) -> None:
     packed = kernels.int8_pack(q, scale)
     with pytest.raises(RuntimeError, match="activations have 100 features; the weight holds 64"):
         kernels.int8_linear(torch.zeros(1, 100), packed)
+    packed4 = kernels.int4_pack(*quantize_int4_blocks(torch.randn(8, 64)))
+    with pytest.raises(RuntimeError, match="activations have 100 features; the weight holds 64"):
+        kernels.int4_linear(torch.zeros(1, 100), packed4)
+    with pytest.raises(RuntimeError, match="packed int4 weights must be"):
+        kernels.int4_linear(torch.zeros(1, 64), packed)  # int8 tiles are not int4 tiles
 
 
 def calls_aten_mm(kernels, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, bool]:

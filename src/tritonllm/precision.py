@@ -6,7 +6,7 @@ names; keeping them here (importing nothing) lets the lowest layer, the model, u
 
 # "auto": the engine picks the fastest accurate dtype for the device; the builder keeps the checkpoint's.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-TORCH_QUANTIZATIONS = ("none", "int8", "int8_wo", "fp8")  # what the project's engine runs
+TORCH_QUANTIZATIONS = ("none", "int8", "int4", "int8_wo", "fp8")  # what the project's engine runs
 # What the engine accepts: "auto" is an engine directory's own quantization, else the fastest accurate one.
 ENGINE_QUANTIZATIONS = ("auto", *TORCH_QUANTIZATIONS)
 TRTLLM_QUANTIZATIONS = ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")

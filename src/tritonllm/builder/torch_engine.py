@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from tritonllm.engine_format import SCALE_SUFFIX
 from tritonllm.model.loader import TORCH_DTYPES
-from tritonllm.model.quant import QUANTIZERS
+from tritonllm.model.quant import QUANTIZERS, head_quantization
 
 WEIGHTS_FILE = "model.safetensors"
 SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -46,7 +46,8 @@ def convert(src: Path, dest: Path, dtype: str, quantization: str) -> None:
 
     def put(name: str, tensor: torch.Tensor) -> None:
         if quantize is not None and is_linear_weight(name):
-            out[name], out[name + SCALE_SUFFIX] = quantize(tensor.to(torch_dtype))
+            how = QUANTIZERS[head_quantization(quantization)] if name == "lm_head.weight" else quantize
+            out[name], out[name + SCALE_SUFFIX] = how(tensor.to(torch_dtype))
         else:
             out[name] = tensor.to(torch_dtype).contiguous()
 

@@ -18,7 +18,7 @@ from tritonllm.engine_format import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.huge_pages import move_weights_to_huge_pages
 from tritonllm.model.llama import DecoderLayer, LlamaModel
-from tritonllm.model.quant import make_linear, prequantized_linear, runs_on_kernels
+from tritonllm.model.quant import head_quantization, make_linear, prequantized_linear, runs_on_kernels
 from tritonllm.precision import DTYPES
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES if name != "auto"}
@@ -114,7 +114,7 @@ def load_model(
         lm_weight = embed if args.tie_word_embeddings else take("lm_head.weight", required=False)
         if lm_weight is None:  # some checkpoints tie without saying so
             lm_weight = embed
-        lm_head = make_linear(lm_weight, None, quantization)
+        lm_head = make_linear(lm_weight, None, head_quantization(quantization))
     hf_config = AutoConfig.from_pretrained(path)
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[args.rope_type](hf_config, device)
     model = LlamaModel(args, embed, layers, take("model.norm.weight"), lm_head, inv_freq, attention_scaling)

@@ -4,6 +4,9 @@
   and block on the fly (llama.cpp's q8_0 arithmetic), through the project's kernel (`csrc/int8_linear.cpp`);
   the lm_head too (as in llama.cpp's q8_0 files): on SmolLM2 an int8 head moved perplexity by 0.02%
   against a bf16 one, and reads 32 MB per step instead of 57 (a sixth of what batch 1 reads).
+- `int4`: 4-bit weights in blocks of 32 with one fp16 scale each (llama.cpp's q4_0), through the same kernels
+  (`csrc/int4_linear.cpp`): half int8's bytes, for batch-1 decode that streams every weight each token. The
+  lm_head stays int8 (llama.cpp's q4_0 files keep their output tensor at higher precision too).
 - `int8_wo`: int8 weights per output channel through PyTorch's int8-weight matmul (weight-only; slower
   than `int8` at every batch size here, kept for engine directories built with it).
 - `fp8`: weights rounded to e4m3 and expanded at load (FP8's accuracy, the compute dtype's speed).
@@ -143,7 +146,51 @@ def fp16_at_least(values: torch.Tensor) -> torch.Tensor:
     return torch.where(below, torch.nextafter(half, torch.full_like(half, torch.inf)), half).float()
 
 
-QUANTIZERS = {"int8_wo": quantize_int8, "fp8": quantize_fp8, "int8": quantize_int8_blocks}
+INT4_OFFSET = 8  # stored nibble = q + 8 for q in -8..7
+
+
+def quantize_int4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W ~= scale x (nibble - 8) per block of 32 inputs, as llama.cpp's q4_0: the scale is the block's value
+    of largest magnitude over -8 (so that value is exactly -8 steps), rounded to fp16. Returns uint8
+    [N, K'/2], byte j of a block holding weight j in its low nibble and weight 16 + j in its high one, and
+    fp32 scales [N, K'/32] (K' = K rounded up to 32, zero-padded)."""
+    n, k = weight.shape
+    padded = -(-k // INT8_BLOCK) * INT8_BLOCK
+    blocks = F.pad(weight.float(), (0, padded - k)).view(n, padded // INT8_BLOCK, INT8_BLOCK)
+    extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
+    if extreme.numel() and extreme.abs().max() > INT4_OFFSET * FP16_MAX:
+        raise ValueError(
+            f"a block of weights reaches {extreme.abs().max().item():.3g}: int4 blocks hold at most "
+            f"{INT4_OFFSET * FP16_MAX:.3g} with fp16 scales (quantize this checkpoint with another method)"
+        )
+    scale = (extreme / -INT4_OFFSET).half().float()
+    inverse = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+    q = (torch.round(blocks * inverse[..., None]).clamp(-INT4_OFFSET, INT4_OFFSET - 1) + INT4_OFFSET).to(
+        torch.uint8
+    )
+    nibbles = q[..., : INT8_BLOCK // 2] | (q[..., INT8_BLOCK // 2 :] << 4)
+    return nibbles.reshape(n, padded // 2).contiguous(), scale.contiguous()
+
+
+def expand_int4_blocks(nibbles: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    n = nibbles.shape[0]
+    halves = nibbles.view(n, -1, INT8_BLOCK // 2)
+    q = torch.cat([halves & 0x0F, halves >> 4], dim=-1).float() - INT4_OFFSET
+    return (q * scale.float()[..., None]).view(n, -1)
+
+
+def head_quantization(quantization: str) -> str:
+    """The lm_head's quantization for the layers' `quantization`: int8 under int4 (a 4-bit head moves the
+    logits of every token; llama.cpp's q4_0 files keep their output tensor at higher precision too)."""
+    return "int8" if quantization == "int4" else quantization
+
+
+QUANTIZERS = {
+    "int8_wo": quantize_int8,
+    "fp8": quantize_fp8,
+    "int8": quantize_int8_blocks,
+    "int4": quantize_int4_blocks,
+}
 
 
 class Int8Linear(nn.Module):
@@ -166,38 +213,64 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def int8_tile_rows(packed: torch.Tensor) -> int:
-    """Rows per tile of `int8_pack`'s output (8, or 16 in the VNNI builds; the last tile zero-padded):
-    each holds 32 int8 weights and an fp16 scale per row and block."""
-    return packed.shape[2] // (INT8_BLOCK + 2)
+class BlockLinear(nn.Module):
+    """y = x W^T + b for weights in blocks of 32 with a scale each: int8 (`quantize_int8_blocks`) or 4-bit
+    (`quantize_int4_blocks`), by the subclass.
 
-
-class BlockInt8Linear(nn.Module):
-    """y = x W^T + b for int8 weights in blocks of 32 (`quantize_int8_blocks`).
-
-    With the CPU kernels the weights are repacked once at load into the kernels' tiles of rows and every
-    batch runs the int8 x int8 dot product (`csrc/int8_linear.cpp`; faster here than fp32 FMAs or BLAS on
-    expanded weights at 1-512 tokens). Without the kernels the weights are expanded once at load.
+    With the CPU kernels the weights are repacked once at load into the kernels' tiles of rows (8, or 16 in
+    the VNNI builds; the last tile zero-padded) and every batch runs the int8 dot product with activations
+    quantized per block (`csrc/int8_linear.cpp`; faster here than fp32 FMAs or BLAS on expanded weights at
+    1-512 tokens). Without the kernels the weights are expanded once at load.
     """
+
+    kernel: str  # the kernels' `<kernel>_pack` and `<kernel>_linear`
+    block_bytes: int  # a tile's bytes per row and block: 32 weights and an fp16 scale
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.kernels = cpu_kernels(weight.device)
         self.out_features = weight.shape[0]
         if self.kernels is None:
-            self.register_buffer("weight", expand_int8_blocks(weight, scale))
+            self.register_buffer("weight", self.expand(weight, scale))
         else:
-            packed = self.kernels.int8_pack(weight.contiguous(), scale.float().contiguous())
-            self.register_buffer("weight", packed)
+            pack = getattr(self.kernels, f"{self.kernel}_pack")
+            self.register_buffer("weight", pack(weight.contiguous(), scale.float().contiguous()))
             if bias is not None:  # the kernels add a bias to every row, padded ones included
-                bias = F.pad(bias, (0, self.weight.shape[0] * int8_tile_rows(packed) - self.out_features))
+                bias = F.pad(bias, (0, self.weight.shape[0] * self.tile_rows - self.out_features))
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+
+    @staticmethod
+    def expand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows per tile of the packed weight (8, or 16 in the VNNI builds)."""
+        return self.weight.shape[2] // self.block_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is None:
             return F.linear(x.float(), self.weight[:, : x.shape[-1]], self.bias).to(x.dtype)
-        y = kernel_dtypes(self.kernels.int8_linear, x, self.weight, self.bias)
+        y = kernel_dtypes(getattr(self.kernels, f"{self.kernel}_linear"), x, self.weight, self.bias)
         return y if y.shape[-1] == self.out_features else y[..., : self.out_features]
+
+
+class BlockInt8Linear(BlockLinear):
+    kernel = "int8"
+    block_bytes = INT8_BLOCK + 2
+
+    @staticmethod
+    def expand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return expand_int8_blocks(weight, scale)
+
+
+class BlockInt4Linear(BlockLinear):
+    kernel = "int4"
+    block_bytes = INT8_BLOCK // 2 + 2
+
+    @staticmethod
+    def expand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return expand_int4_blocks(weight, scale)
 
 
 NO_TENSOR = torch.empty(0)  # "none" in the tensor lists of csrc/decode_stack.cpp
@@ -205,15 +278,15 @@ NO_TENSOR = torch.empty(0)  # "none" in the tensor lists of csrc/decode_stack.cp
 
 def runs_on_kernels(linear: nn.Module) -> bool:
     """True for a linear whose `weight` the CPU kernels read as it is (packed int8 or bf16)."""
-    return isinstance(linear, BlockInt8Linear | Bf16Linear) and linear.kernels is not None
+    return isinstance(linear, BlockLinear | Bf16Linear) and linear.kernels is not None
 
 
 def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
     """[weight, bias] of a linear that runs on the CPU kernels, as `csrc/decode_stack.cpp` takes them (an
-    empty tensor for no bias), or None for any other linear, and for int8 ones with padded rows to drop."""
+    empty tensor for no bias), or None for any other linear, and for block ones with padded rows to drop."""
     if not runs_on_kernels(linear):
         return None
-    if isinstance(linear, BlockInt8Linear) and linear.out_features % int8_tile_rows(linear.weight):
+    if isinstance(linear, BlockLinear) and linear.out_features % linear.tile_rows:
         return None
     return [linear.weight, NO_TENSOR if linear.bias is None else linear.bias]
 
@@ -252,7 +325,17 @@ def block_int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) ->
     return BlockInt8Linear(*quantize_int8_blocks(weight), bias)
 
 
-LINEAR_TYPES = {"none": plain_linear, "int8_wo": int8_linear, "fp8": fp8_linear, "int8": block_int8_linear}
+def block_int4_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> BlockInt4Linear:
+    return BlockInt4Linear(*quantize_int4_blocks(weight), bias)
+
+
+LINEAR_TYPES = {
+    "none": plain_linear,
+    "int8_wo": int8_linear,
+    "fp8": fp8_linear,
+    "int8": block_int8_linear,
+    "int4": block_int4_linear,
+}
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str) -> nn.Module:
@@ -265,6 +348,8 @@ def prequantized_linear(
     """A linear over weights quantized ahead of time (an engine directory), by their storage dtype."""
     if weight.dtype == torch.int8 and scale.dim() == 2:
         return BlockInt8Linear(weight, scale, bias)
+    if weight.dtype == torch.uint8:
+        return BlockInt4Linear(weight, scale, bias)
     if weight.dtype == torch.int8:
         return Int8Linear(weight, scale, bias)
     if weight.dtype == torch.float8_e4m3fn:

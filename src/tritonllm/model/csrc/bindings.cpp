@@ -10,6 +10,7 @@
 #include "layer_ops.cpp"
 #include "linear.cpp"
 #include "int8_linear.cpp"
+#include "int4_linear.cpp"
 #include "paged_attention.cpp"
 #include "prefill_attention.cpp"
 #include "decode_stack.cpp"
@@ -23,6 +24,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_pack", &int8_pack, "int8 weights in blocks of 32 + their scales, in the kernels' tiles (8 rows, 16 in the VNNI builds)",
         pybind11::arg("weight"), pybind11::arg("scales"), release());
   m.def("int8_linear", &int8_linear, "x @ W^T for packed int8 weights (activations quantized per block of 32)",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
+  m.def("int4_pack", &int4_pack, "4-bit weights in blocks of 32 (q4_0's nibbles) + their scales, in the kernels' tiles",
+        pybind11::arg("weight"), pybind11::arg("scales"), release());
+  m.def("int4_linear", &int4_linear, "x @ W^T for packed int4 weights (activations quantized per block of 32)",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
   m.def("bf16_linear", &bf16_linear, "x @ W^T for bfloat16 weights, fp32 accumulation", pybind11::arg("x"),
         pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(), release());

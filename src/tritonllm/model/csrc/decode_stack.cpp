@@ -7,16 +7,17 @@
 
 namespace {
 
-// A linear as two tensors: packed int8 weights (int8_pack; rows a multiple of its tiles', so nothing to drop) or bf16
-// weights, then a bias or an empty tensor.
-bool is_int8(const at::Tensor& weight) { return weight.scalar_type() == at::kByte; }
+// A linear as two tensors: packed int8 or int4 weights (int8_pack / int4_pack, told apart by their bytes a block;
+// rows a multiple of their tiles', so nothing to drop) or bf16 weights, then a bias or an empty tensor.
+bool is_packed(const at::Tensor& weight) { return weight.scalar_type() == at::kByte; }
 
-int64_t out_features(const at::Tensor& weight) { return is_int8(weight) ? weight.size(0) * kTileRows : weight.size(0); }
+int64_t out_features(const at::Tensor& weight) { return is_packed(weight) ? weight.size(0) * kTileRows : weight.size(0); }
 
 void run_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {
   c10::optional<at::Tensor> b;
   if (bias.numel() > 0) b = bias;
-  if (is_int8(weight)) return int8_linear_into(x, weight, b, out);
+  if (is_packed(weight) && weight.size(2) == kInt4BlockBytes) return int4_linear_into(x, weight, b, out);
+  if (is_packed(weight)) return int8_linear_into(x, weight, b, out);
   bf16_linear_into(x, weight, b, out);
 }
 

@@ -69,10 +69,37 @@ inline int64_t scale_offset(int64_t b, int64_t r) { return b * kTileRows * (kBlo
 #endif
 constexpr int64_t kTileBlock = kTileRows * (kBlock + 2);  // a tile's bytes per block: weights and fp16 scales
 
+// The weight formats the kernels below run. Both keep per block of 32 inputs and tile of kTileRows rows the
+// rows' fp16 scales first (at 2 x slot(r)), then the weights as int8's chunks give them (Int4Format: a mask or a
+// shift away; int4_linear.cpp). A format gives its bytes a block, the offset its stored weights carry (taken back
+// off as offset x the activations' block sum), its weights as the kernels' chunks, and one weight (portable path).
+struct Int8Format {
+  static constexpr int64_t kBlockBytes = kTileBlock;
+  static constexpr int32_t kOffset = kWeightOffset;
+  static int32_t weight(const uint8_t* tile, int64_t b, int64_t r, int64_t i) {
+    return static_cast<int8_t>(tile[weight_offset(b, r, i)] ^ kWeightOffset);
+  }
+#ifdef TRITONLLM_AVX512_VNNI
+  static void load_chunks(const uint8_t* block, __m512i* w) {  // chunk c: inputs 4c..4c+3 of the 16 rows
+    for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(block + kScaleBytes + kChunkBytes * c);
+  }
+#elif defined(TRITONLLM_AVX2)
+  // Chunk c (inputs 8c..8c+7) times activations xc (|xc| in abs_xc), as int16 pairs for rows 0-3 and 4-7. maddubs
+  // needs one unsigned operand: |x| and w carrying x's sign give the same products (|values| <= 127, no saturation).
+  static void chunk_products(const uint8_t* block, int c, __m256i xc, __m256i abs_xc, __m256i& rows0123,
+                             __m256i& rows4567) {
+    const __m256i* w = reinterpret_cast<const __m256i*>(block + kScaleBytes);
+    rows0123 = _mm256_maddubs_epi16(abs_xc, _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c), xc));
+    rows4567 = _mm256_maddubs_epi16(abs_xc, _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c + 1), xc));
+  }
+#endif
+};
+
 // Row r's scale for block b of a tile (fp16).
+template <typename Format>
 inline float block_scale(const uint8_t* tile, int64_t b, int64_t r) {
   c10::Half h;
-  std::memcpy(&h, tile + scale_offset(b, r), 2);
+  std::memcpy(&h, tile + b * Format::kBlockBytes + scale_offset(0, r), 2);
   return static_cast<float>(h);
 }
 
@@ -140,11 +167,11 @@ float quantize_block_scalar(const T* x, int64_t len, int8_t* q, int8_t* abs_q) {
 }
 
 // Quantize `m` rows of `k` activations to int8 per block of 32 (zero-padded to `kp`), with one scale per
-// block; where asked, also their absolute values (`abs_xq`, AVX2's maddubs operand) and -128 x each block's
-// sum (`corrections`, what the VNNI kernel's offset weights add).
+// block; where asked, also their absolute values (`abs_xq`, AVX2's maddubs operand for int8 weights) and each
+// block's sum (`block_sums`: weights stored with an offset add offset x the sum, which the kernels take back off).
 template <typename T>
 void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* abs_xq, float* xs,
-                   int32_t* corrections) {
+                   int32_t* block_sums) {
   const int64_t nb = kp / kBlock;
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
@@ -161,10 +188,10 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int
 #endif
           largest = quantize_block_scalar(in, len, q, abs_q);
         xs[r * nb + b] = largest / 127.f;
-        if (corrections) {
+        if (block_sums) {
           int32_t sum = 0;
           for (int64_t i = 0; i < kBlock; ++i) sum += q[i];
-          corrections[r * nb + b] = -128 * sum;
+          block_sums[r * nb + b] = sum;
         }
       }
   });
@@ -177,31 +204,34 @@ inline __m256i broadcast8(const int8_t* p) {  // 8 int8 values, repeated 4 times
   return _mm256_set1_epi64x(chunk);
 }
 
-// acc[m] = the 8 rows' dot products (in slot order) with RM tokens, over a tile's nb blocks. maddubs needs one
-// unsigned operand: |x| and w carrying x's sign give the same products (|values| <= 127, so no saturation).
-// xq and its absolute values abs_xq are [tokens, nb * 32].
-template <int RM>
-void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t* abs_xq, const float* xs, __m256* acc) {
+// acc[m] = the 8 rows' dot products (in slot order) with RM tokens, over a tile's nb blocks. xq and its absolute
+// values abs_xq are [tokens, nb * 32]; block_sums [tokens, nb] (formats with an offset).
+template <typename Format, int RM>
+void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t* abs_xq, const int32_t* block_sums,
+                 const float* xs, __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* block = tile + b * kTileBlock;
+    const uint8_t* block = tile + b * Format::kBlockBytes;
     const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBytes);
-    for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    const __m256i* w = reinterpret_cast<const __m256i*>(block + kScaleBytes);
+    for (int64_t line = 0; line < Format::kBlockBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
     const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int m = 0; m < RM; ++m) {
       const int64_t at = (m * nb + b) * kBlock;
       __m256i rows0123 = _mm256_setzero_si256(), rows4567 = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
-        const __m256i xc = broadcast8(xq + at + 8 * c), abs_xc = broadcast8(abs_xq + at + 8 * c);
-        const __m256i w0 = _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c), xc);
-        const __m256i w1 = _mm256_sign_epi8(_mm256_loadu_si256(w + 2 * c + 1), xc);
-        rows0123 = _mm256_add_epi32(rows0123, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_xc, w0), ones));
-        rows4567 = _mm256_add_epi32(rows4567, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_xc, w1), ones));
+        const __m256i xc = broadcast8(xq + at + 8 * c);
+        const __m256i abs_xc = Format::kOffset ? xc : broadcast8(abs_xq + at + 8 * c);
+        __m256i p0, p1;
+        Format::chunk_products(block, c, xc, abs_xc, p0, p1);
+        rows0123 = _mm256_add_epi32(rows0123, _mm256_madd_epi16(p0, ones));
+        rows4567 = _mm256_add_epi32(rows4567, _mm256_madd_epi16(p1, ones));
       }
       // Lanes hold 2 partial sums per row; hadd adds the pairs: rows 0 1 4 5 | 2 3 6 7 (kSlot's order).
-      const __m256 sums = _mm256_cvtepi32_ps(_mm256_hadd_epi32(rows0123, rows4567));
+      __m256i dots = _mm256_hadd_epi32(rows0123, rows4567);
+      if constexpr (Format::kOffset != 0)
+        dots = _mm256_add_epi32(dots, _mm256_set1_epi32(-Format::kOffset * block_sums[m * nb + b]));
+      const __m256 sums = _mm256_cvtepi32_ps(dots);
       acc[m] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scales, _mm256_set1_ps(xs[m * nb + b])), acc[m]);
     }
   }
@@ -212,9 +242,9 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
 constexpr int kVnniTokens = 8;  // tokens per pass over a tile: 8 accumulators + 8 weight chunks + 4 in 32 registers
 
 // acc[m] lane r = row r's dot product with token m, over a tile's nb blocks. xq: the tokens' int8 activations
-// [tokens, nb * 32]; corrections: -128 x their block sums [tokens, nb]; xs: their scales [tokens, nb].
-template <int RM>
-void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t* corrections, const float* xs,
+// [tokens, nb * 32]; block_sums: their block sums [tokens, nb]; xs: their scales [tokens, nb].
+template <typename Format, int RM>
+void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t* block_sums, const float* xs,
                __m512* acc) {
   // Sums in registers: GCC left the token loop rolled with the sums in memory (a load, FMA and store per token
   // and block): unrolled, SmolLM2's 30 layers 1.16x faster at 512 tokens, 1.04x at 32-128 (Zen 4, 2 threads).
@@ -222,15 +252,15 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
 #pragma GCC unroll 8
   for (int m = 0; m < RM; ++m) sums[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* block = tile + b * kTileBlock;
+    const uint8_t* block = tile + b * Format::kBlockBytes;
     // A single token keeps up with the hardware prefetcher alone (body at 1 token 1.1-1.3x faster without,
     // at 8 tokens 1.4-1.8x slower; Zen 4, 1-2 threads).
     if constexpr (RM > 1) {
       const char* ahead = reinterpret_cast<const char*>(block + kPrefetchBytes);
-      for (int64_t line = 0; line < kTileBlock; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      for (int64_t line = 0; line < Format::kBlockBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
     }
     __m512i w[8];
-    for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(block + kScaleBytes + kChunkBytes * c);
+    Format::load_chunks(block, w);
     const __m512 row_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
 #pragma GCC unroll 8
     for (int m = 0; m < RM; ++m) {
@@ -238,7 +268,7 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
       // Few tokens leave too few independent dot products to hide vpdpbusd's latency: split each in 4 chains.
       constexpr int kChains = RM < 4 ? 4 : 1;
       __m512i dots[kChains];
-      dots[0] = _mm512_set1_epi32(corrections[m * nb + b]);
+      dots[0] = _mm512_set1_epi32(-Format::kOffset * block_sums[m * nb + b]);
       for (int j = 1; j < kChains; ++j) dots[j] = _mm512_setzero_si512();
       for (int c = 0; c < 8; ++c) {
         int32_t four;
@@ -256,25 +286,25 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
 
 // out[i][r] (+ bias[r]) for the tile's 16 rows r and tokens i in [0, m), kVnniTokens at a time; out and bias
 // start at the tile's first row, out's rows are `stride` apart.
-template <typename T>
-void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, const int32_t* corrections, const float* xs,
+template <typename Format, typename T>
+void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, const int32_t* block_sums, const float* xs,
                 int64_t m, const float* bias, T* out, int64_t stride) {
   const __m512 bias_lanes = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   for (int64_t m0 = 0; m0 < m; m0 += kVnniTokens) {
     const int64_t tokens = std::min<int64_t>(kVnniTokens, m - m0);
     __m512 acc[kVnniTokens];
     const int8_t* x = xq + m0 * kp;
-    const int32_t* c = corrections + m0 * nb;
+    const int32_t* c = block_sums + m0 * nb;
     const float* s = xs + m0 * nb;
     switch (tokens) {
-      case 8: vnni_tile<8>(tile, nb, x, c, s, acc); break;
-      case 7: vnni_tile<7>(tile, nb, x, c, s, acc); break;
-      case 6: vnni_tile<6>(tile, nb, x, c, s, acc); break;
-      case 5: vnni_tile<5>(tile, nb, x, c, s, acc); break;
-      case 4: vnni_tile<4>(tile, nb, x, c, s, acc); break;
-      case 3: vnni_tile<3>(tile, nb, x, c, s, acc); break;
-      case 2: vnni_tile<2>(tile, nb, x, c, s, acc); break;
-      default: vnni_tile<1>(tile, nb, x, c, s, acc); break;
+      case 8: vnni_tile<Format, 8>(tile, nb, x, c, s, acc); break;
+      case 7: vnni_tile<Format, 7>(tile, nb, x, c, s, acc); break;
+      case 6: vnni_tile<Format, 6>(tile, nb, x, c, s, acc); break;
+      case 5: vnni_tile<Format, 5>(tile, nb, x, c, s, acc); break;
+      case 4: vnni_tile<Format, 4>(tile, nb, x, c, s, acc); break;
+      case 3: vnni_tile<Format, 3>(tile, nb, x, c, s, acc); break;
+      case 2: vnni_tile<Format, 2>(tile, nb, x, c, s, acc); break;
+      default: vnni_tile<Format, 1>(tile, nb, x, c, s, acc); break;
     }
     for (int64_t i = 0; i < tokens; ++i) store_rows(_mm512_add_ps(acc[i], bias_lanes), out + (m0 + i) * stride);
   }
@@ -282,17 +312,15 @@ void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, c
 #endif
 
 // out[m][r] for a tile's rows and `tokens` tokens (the portable path).
+template <typename Format>
 void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const float* xs, int64_t tokens, float* out) {
   for (int64_t m = 0; m < tokens; ++m)
     for (int64_t r = 0; r < kTileRows; ++r) {
       float total = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         int32_t dot = 0;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          const int32_t w = static_cast<int8_t>(tile[weight_offset(b, r, i)] ^ kWeightOffset);
-          dot += w * xq[(m * nb + b) * kBlock + i];
-        }
-        total += static_cast<float>(dot) * block_scale(tile, b, r) * xs[m * nb + b];
+        for (int64_t i = 0; i < kBlock; ++i) dot += Format::weight(tile, b, r, i) * xq[(m * nb + b) * kBlock + i];
+        total += static_cast<float>(dot) * block_scale<Format>(tile, b, r) * xs[m * nb + b];
       }
       out[m * kTileRows + r] = total;
     }
@@ -304,7 +332,7 @@ void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const floa
 struct ActivationScratch {
   std::vector<int8_t> xq, abs_xq;
   std::vector<float> xs;
-  std::vector<int32_t> corrections;
+  std::vector<int32_t> block_sums;
 };
 thread_local ActivationScratch activation_scratch;
 
@@ -314,43 +342,44 @@ V* grown(std::vector<V>& buffer, int64_t size) {
   return buffer.data();
 }
 
-template <typename T>
+template <typename Format, typename T>
 void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
   ActivationScratch& scratch = activation_scratch;
   int8_t* xqp = grown(scratch.xq, m * kp);
   float* xsp = grown(scratch.xs, m * nb);
-#if defined(TRITONLLM_AVX512_VNNI)
-  int32_t* correctionp = grown(scratch.corrections, m * nb);
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, correctionp);
-#elif defined(TRITONLLM_AVX2)
-  int8_t* abs_xqp = grown(scratch.abs_xq, m * kp);
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, abs_xqp, xsp, nullptr);
+  int32_t* sump = Format::kOffset != 0 ? grown(scratch.block_sums, m * nb) : nullptr;
+#if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512_VNNI)
+  int8_t* abs_xqp = Format::kOffset == 0 ? grown(scratch.abs_xq, m * kp) : nullptr;
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, abs_xqp, xsp, sump);
 #else
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, nullptr);
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, sump);
 #endif
   T* op = out.data_ptr<T>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  const int64_t tile_bytes = nb * Format::kBlockBytes;
   // One item per tile of rows (work_split.h: each thread streams its own tiles, then helps a delayed one).
 #if defined(TRITONLLM_AVX512_VNNI)
   work_split::for_each(tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
-      vnni_tiles(wp + t * nb * kTileBlock, nb, kp, xqp, correctionp, xsp, m, bp ? bp + t * kTileRows : nullptr,
-                 op + t * kTileRows, n);
+      vnni_tiles<Format>(wp + t * tile_bytes, nb, kp, xqp, sump, xsp, m, bp ? bp + t * kTileRows : nullptr,
+                         op + t * kTileRows, n);
   });
 #elif defined(TRITONLLM_AVX2)
   const __m256i row_order = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kSlot));  // slots -> rows
   work_split::for_each(tiles, 2, [&](int64_t begin, int64_t end) {  // 2 tiles of 8 rows: 16, as VNNI's
     for (int64_t t = begin; t < end; ++t) {
-      const uint8_t* tile = wp + t * nb * kTileBlock;
+      const uint8_t* tile = wp + t * tile_bytes;
       const __m256 bias_rows = bp ? _mm256_loadu_ps(bp + t * kTileRows) : _mm256_setzero_ps();
       for (int64_t m0 = 0; m0 < m; m0 += 2) {
         __m256 acc[2];
         const int64_t tokens = std::min<int64_t>(2, m - m0);
-        if (tokens == 2) packed_tile<2>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
-        else packed_tile<1>(tile, nb, xqp + m0 * kp, abs_xqp + m0 * kp, xsp + m0 * nb, acc);
+        const int8_t* abs_x = abs_xqp ? abs_xqp + m0 * kp : nullptr;
+        const int32_t* sums = sump ? sump + m0 * nb : nullptr;
+        if (tokens == 2) packed_tile<Format, 2>(tile, nb, xqp + m0 * kp, abs_x, sums, xsp + m0 * nb, acc);
+        else packed_tile<Format, 1>(tile, nb, xqp + m0 * kp, abs_x, sums, xsp + m0 * nb, acc);
         for (int64_t i = 0; i < tokens; ++i)
           store_rows(_mm256_add_ps(_mm256_permutevar8x32_ps(acc[i], row_order), bias_rows), op + (m0 + i) * n + t * kTileRows);
       }
@@ -360,7 +389,7 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
   work_split::for_each(tiles, 2, [&](int64_t begin, int64_t end) {
     std::vector<float> rows(m * kTileRows);  // [token][row]
     for (int64_t t = begin; t < end; ++t) {
-      portable_tile(wp + t * nb * kTileBlock, nb, xqp, xsp, m, rows.data());
+      portable_tile<Format>(wp + t * tile_bytes, nb, xqp, xsp, m, rows.data());
       for (int64_t i = 0; i < m; ++i)
         for (int64_t r = 0; r < kTileRows; ++r) {
           const int64_t row = t * kTileRows + r;
@@ -369,6 +398,18 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
     }
   });
 #endif
+}
+
+// x [..., K] float32/bfloat16 times packed weights of `Format` (tiles of kTileRows rows) into out.
+template <typename Format>
+void block_linear_into(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
+  const int64_t tiles = packed.size(0), nb = packed.size(1);
+  TORCH_CHECK(x.size(-1) <= nb * kBlock && x.size(-1) > (nb - 1) * kBlock, errors::message("activations have ", x.size(-1), " features; the weight holds ", nb * kBlock, " (padded)"));
+  check_activations(x, x.size(-1));
+  check_bias(bias, tiles * kTileRows);
+  check_output(out, x, tiles * kTileRows);
+  if (x.scalar_type() == at::kFloat) return dot_product<Format, float>(x, packed, bias, out);
+  dot_product<Format, at::BFloat16>(x, packed, bias, out);
 }
 
 void check_packed(const at::Tensor& packed) {
@@ -413,13 +454,7 @@ at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
 // tiles of R rows. out [..., ceil(N/R) * R] in x's dtype, written: callers drop the padded rows.
 void int8_linear_into(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   check_packed(packed);
-  const int64_t tiles = packed.size(0), nb = packed.size(1);
-  TORCH_CHECK(x.size(-1) <= nb * kBlock && x.size(-1) > (nb - 1) * kBlock, errors::message("activations have ", x.size(-1), " features; the weight holds ", nb * kBlock, " (padded)"));
-  check_activations(x, x.size(-1));
-  check_bias(bias, tiles * kTileRows);
-  check_output(out, x, tiles * kTileRows);
-  if (x.scalar_type() == at::kFloat) return dot_product<float>(x, packed, bias, out);
-  dot_product<at::BFloat16>(x, packed, bias, out);
+  block_linear_into<Int8Format>(x, packed, bias, out);
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
