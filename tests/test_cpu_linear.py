@@ -139,7 +139,7 @@ def test_int4_quantization_is_q4_0s() -> None:
     """llama.cpp's q4_0: a block's value of largest magnitude is exactly -8 steps of its fp16 scale, every
     other weight within half a step (or one step, clamped at +7, for the opposite extreme); nibbles in q4_0's
     order."""
-    w = torch.randn(64, 576) * torch.logspace(-3, 0, 576)
+    w = torch.randn(64, 576, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 0, 576)
     nibbles, scale = quantize_int4_blocks(w)
     assert (
         nibbles.dtype == torch.uint8
@@ -148,7 +148,8 @@ def test_int4_quantization_is_q4_0s() -> None:
     )
     steps = scale.abs().repeat_interleave(32, dim=1)
     error = (expand_int4_blocks(nibbles, scale) - w).abs()
-    assert (error <= steps + 1e-7).all() and (error <= steps / 2 + 1e-7).float().mean() > 0.95
+    # One step, plus the fp16 rounding of the scale (2^-11 relative): the clamped extreme can sit 8.004 out.
+    assert (error <= 1.004 * steps).all() and (error <= steps / 2 + 1e-7).float().mean() > 0.95
     blocks = w.view(64, 18, 32)
     extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True)).squeeze(-1)
     torch.testing.assert_close(scale * -8, extreme, rtol=1e-3, atol=0)

@@ -7,6 +7,8 @@ names; keeping them here (importing nothing) lets the lowest layer, the model, u
 # "auto": the engine picks the fastest accurate dtype for the device; the builder keeps the checkpoint's.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 TORCH_QUANTIZATIONS = ("none", "int8", "int4", "int8_wo", "fp8")  # what the project's engine runs
+# Weights in blocks of 32 times activations the kernel quantizes to int8 itself (csrc/int8_linear.cpp).
+BLOCK_QUANTIZATIONS = ("int8", "int4")
 # What the engine accepts: "auto" is an engine directory's own quantization, else the fastest accurate one.
 ENGINE_QUANTIZATIONS = ("auto", *TORCH_QUANTIZATIONS)
 TRTLLM_QUANTIZATIONS = ("none", "fp8", "int8_sq", "int8_wo", "int4_awq", "int4_wo")

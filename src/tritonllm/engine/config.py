@@ -6,16 +6,16 @@ import os
 from dataclasses import dataclass
 
 from tritonllm.engine_format import built_quantization
-from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS
+from tritonllm.precision import BLOCK_QUANTIZATIONS, DTYPES, ENGINE_QUANTIZATIONS
 
 
 def auto_dtype(device: str, quantization: str) -> str:
     """The fastest accurate compute dtype for `device`.
 
     CPU: bfloat16 where the project's kernels build (they read bf16 weights and KV with fp32 arithmetic, so
-    any AVX2 CPU gains; measured in benchmarks/README.md), else float32; but float32 under int8, whose
-    kernel quantizes activations itself: bf16 activations there cost accuracy (perplexity +1.3% vs +0.7%)
-    and saved no time. CUDA: bfloat16 where supported.
+    any AVX2 CPU gains; measured in benchmarks/README.md), else float32; but float32 under int8 and int4,
+    whose kernel quantizes activations itself: bf16 activations there cost accuracy (int8: perplexity +1.3%
+    vs +0.7%) and saved no time. CUDA: bfloat16 where supported.
     """
     if device.startswith("cuda"):
         import torch
@@ -23,14 +23,14 @@ def auto_dtype(device: str, quantization: str) -> str:
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     from tritonllm.model.cpu_kernels import load_kernels
 
-    return "bfloat16" if load_kernels() is not None and quantization != "int8" else "float32"
+    return "bfloat16" if load_kernels() is not None and quantization not in BLOCK_QUANTIZATIONS else "float32"
 
 
 def auto_kv_cache_dtype(dtype: str, quantization: str, device: str) -> str:
-    """The compute dtype, but bfloat16 under int8 weights with fp32 activations on the CPU kernels: halves
-    what decode attention reads (a third of a 32-request step's bytes at 256 tokens of context) for less
-    error than the int8 weights already make (perplexity: benchmarks/README.md)."""
-    if dtype == "float32" and quantization == "int8" and device == "cpu":
+    """The compute dtype, but bfloat16 under int8 or int4 weights with fp32 activations on the CPU kernels:
+    halves what decode attention reads (a third of a 32-request step's bytes at 256 tokens of context) for
+    less error than the int8 weights already make (perplexity: benchmarks/README.md)."""
+    if dtype == "float32" and quantization in BLOCK_QUANTIZATIONS and device == "cpu":
         from tritonllm.model.cpu_kernels import load_kernels
 
         if load_kernels() is not None:

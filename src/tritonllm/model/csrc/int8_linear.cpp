@@ -167,11 +167,11 @@ float quantize_block_scalar(const T* x, int64_t len, int8_t* q, int8_t* abs_q) {
 }
 
 // Quantize `m` rows of `k` activations to int8 per block of 32 (zero-padded to `kp`), with one scale per
-// block; where asked, also their absolute values (`abs_xq`, AVX2's maddubs operand for int8 weights) and each
-// block's sum (`block_sums`: weights stored with an offset add offset x the sum, which the kernels take back off).
+// block; where asked, also their absolute values (`abs_xq`, AVX2's maddubs operand for int8 weights) and
+// -offset x each block's sum (`corrections`: what weights stored + offset add to a dot product).
 template <typename T>
 void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* abs_xq, float* xs,
-                   int32_t* block_sums) {
+                   int32_t* corrections, int32_t offset) {
   const int64_t nb = kp / kBlock;
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
@@ -188,10 +188,10 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int
 #endif
           largest = quantize_block_scalar(in, len, q, abs_q);
         xs[r * nb + b] = largest / 127.f;
-        if (block_sums) {
+        if (corrections) {
           int32_t sum = 0;
           for (int64_t i = 0; i < kBlock; ++i) sum += q[i];
-          block_sums[r * nb + b] = sum;
+          corrections[r * nb + b] = -offset * sum;
         }
       }
   });
@@ -205,9 +205,9 @@ inline __m256i broadcast8(const int8_t* p) {  // 8 int8 values, repeated 4 times
 }
 
 // acc[m] = the 8 rows' dot products (in slot order) with RM tokens, over a tile's nb blocks. xq and its absolute
-// values abs_xq are [tokens, nb * 32]; block_sums [tokens, nb] (formats with an offset).
+// values abs_xq are [tokens, nb * 32]; corrections [tokens, nb] (formats with an offset).
 template <typename Format, int RM>
-void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t* abs_xq, const int32_t* block_sums,
+void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t* abs_xq, const int32_t* corrections,
                  const float* xs, __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
@@ -230,7 +230,7 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
       // Lanes hold 2 partial sums per row; hadd adds the pairs: rows 0 1 4 5 | 2 3 6 7 (kSlot's order).
       __m256i dots = _mm256_hadd_epi32(rows0123, rows4567);
       if constexpr (Format::kOffset != 0)
-        dots = _mm256_add_epi32(dots, _mm256_set1_epi32(-Format::kOffset * block_sums[m * nb + b]));
+        dots = _mm256_add_epi32(dots, _mm256_set1_epi32(corrections[m * nb + b]));
       const __m256 sums = _mm256_cvtepi32_ps(dots);
       acc[m] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scales, _mm256_set1_ps(xs[m * nb + b])), acc[m]);
     }
@@ -242,9 +242,9 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
 constexpr int kVnniTokens = 8;  // tokens per pass over a tile: 8 accumulators + 8 weight chunks + 4 in 32 registers
 
 // acc[m] lane r = row r's dot product with token m, over a tile's nb blocks. xq: the tokens' int8 activations
-// [tokens, nb * 32]; block_sums: their block sums [tokens, nb]; xs: their scales [tokens, nb].
+// [tokens, nb * 32]; corrections: -offset x their block sums [tokens, nb]; xs: their scales [tokens, nb].
 template <typename Format, int RM>
-void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t* block_sums, const float* xs,
+void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t* corrections, const float* xs,
                __m512* acc) {
   // Sums in registers: GCC left the token loop rolled with the sums in memory (a load, FMA and store per token
   // and block): unrolled, SmolLM2's 30 layers 1.16x faster at 512 tokens, 1.04x at 32-128 (Zen 4, 2 threads).
@@ -268,7 +268,7 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
       // Few tokens leave too few independent dot products to hide vpdpbusd's latency: split each in 4 chains.
       constexpr int kChains = RM < 4 ? 4 : 1;
       __m512i dots[kChains];
-      dots[0] = _mm512_set1_epi32(-Format::kOffset * block_sums[m * nb + b]);
+      dots[0] = _mm512_set1_epi32(corrections[m * nb + b]);
       for (int j = 1; j < kChains; ++j) dots[j] = _mm512_setzero_si512();
       for (int c = 0; c < 8; ++c) {
         int32_t four;
@@ -287,14 +287,14 @@ void vnni_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int32_t*
 // out[i][r] (+ bias[r]) for the tile's 16 rows r and tokens i in [0, m), kVnniTokens at a time; out and bias
 // start at the tile's first row, out's rows are `stride` apart.
 template <typename Format, typename T>
-void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, const int32_t* block_sums, const float* xs,
+void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, const int32_t* corrections, const float* xs,
                 int64_t m, const float* bias, T* out, int64_t stride) {
   const __m512 bias_lanes = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   for (int64_t m0 = 0; m0 < m; m0 += kVnniTokens) {
     const int64_t tokens = std::min<int64_t>(kVnniTokens, m - m0);
     __m512 acc[kVnniTokens];
     const int8_t* x = xq + m0 * kp;
-    const int32_t* c = block_sums + m0 * nb;
+    const int32_t* c = corrections + m0 * nb;
     const float* s = xs + m0 * nb;
     switch (tokens) {
       case 8: vnni_tile<Format, 8>(tile, nb, x, c, s, acc); break;
@@ -332,7 +332,7 @@ void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const floa
 struct ActivationScratch {
   std::vector<int8_t> xq, abs_xq;
   std::vector<float> xs;
-  std::vector<int32_t> block_sums;
+  std::vector<int32_t> corrections;
 };
 thread_local ActivationScratch activation_scratch;
 
@@ -349,12 +349,12 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
   ActivationScratch& scratch = activation_scratch;
   int8_t* xqp = grown(scratch.xq, m * kp);
   float* xsp = grown(scratch.xs, m * nb);
-  int32_t* sump = Format::kOffset != 0 ? grown(scratch.block_sums, m * nb) : nullptr;
+  int32_t* correctionp = Format::kOffset != 0 ? grown(scratch.corrections, m * nb) : nullptr;
 #if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512_VNNI)
   int8_t* abs_xqp = Format::kOffset == 0 ? grown(scratch.abs_xq, m * kp) : nullptr;
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, abs_xqp, xsp, sump);
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, abs_xqp, xsp, correctionp, Format::kOffset);
 #else
-  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, sump);
+  quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, correctionp, Format::kOffset);
 #endif
   T* op = out.data_ptr<T>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
@@ -364,7 +364,7 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
 #if defined(TRITONLLM_AVX512_VNNI)
   work_split::for_each(tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
-      vnni_tiles<Format>(wp + t * tile_bytes, nb, kp, xqp, sump, xsp, m, bp ? bp + t * kTileRows : nullptr,
+      vnni_tiles<Format>(wp + t * tile_bytes, nb, kp, xqp, correctionp, xsp, m, bp ? bp + t * kTileRows : nullptr,
                          op + t * kTileRows, n);
   });
 #elif defined(TRITONLLM_AVX2)
@@ -377,7 +377,7 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
         __m256 acc[2];
         const int64_t tokens = std::min<int64_t>(2, m - m0);
         const int8_t* abs_x = abs_xqp ? abs_xqp + m0 * kp : nullptr;
-        const int32_t* sums = sump ? sump + m0 * nb : nullptr;
+        const int32_t* sums = correctionp ? correctionp + m0 * nb : nullptr;
         if (tokens == 2) packed_tile<Format, 2>(tile, nb, xqp + m0 * kp, abs_x, sums, xsp + m0 * nb, acc);
         else packed_tile<Format, 1>(tile, nb, xqp + m0 * kp, abs_x, sums, xsp + m0 * nb, acc);
         for (int64_t i = 0; i < tokens; ++i)
