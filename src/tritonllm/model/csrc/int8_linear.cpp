@@ -1,6 +1,7 @@
 // Linear layers over int8 weights in blocks of 32 inputs with one fp16 scale each (llama.cpp's q8_0), times
 // activations quantized to int8 per token and block on the fly (the arithmetic of llama.cpp's q8_0 x q8_0 dot
-// product), at every batch size.
+// product), at every batch size. The kernels take the weight format as a template argument (Int8Format here,
+// Int4Format in int4_linear.cpp).
 //
 // The weights are repacked once at load into tiles of 8 rows. Per block of 32 inputs a tile holds 272 bytes:
 // the 8 rows' scales in fp16 (34 bytes per 32 weights, as q8_0; fp32 scales took 36, and batch 1 reads every
