@@ -84,12 +84,18 @@ def weights_of(engine_args: str, model_dir: Path) -> str:
     return quantization if quantization != "none" else value.get("--dtype", "default dtype")
 
 
-def build_peers(args: argparse.Namespace, model_dir: Path, log_dir: Path) -> list[tuple[str, Callable]]:
-    """(name, factory) per server to run, in order; a factory installs its server on first use."""
-    wanted = args.servers.split(",")
+def wanted_servers(spec: str) -> list[str]:
+    """The servers `--servers` names; exits naming any unknown one (before anything is written)."""
+    wanted = spec.split(",")
     unknown = set(wanted) - set(SERVERS)
     if unknown:
         raise SystemExit(f"--servers: unknown {sorted(unknown)}; choose from {', '.join(SERVERS)}")
+    return wanted
+
+
+def build_peers(args: argparse.Namespace, model_dir: Path, log_dir: Path) -> list[tuple[str, Callable]]:
+    """(name, factory) per server to run, in order; a factory installs its server on first use."""
+    wanted = wanted_servers(args.servers)
     timeout = args.request_timeout
 
     def ours(engine_args: str) -> Callable[[], servers.Peer]:
@@ -309,6 +315,7 @@ def main() -> int:
     if set(names) - set(WORKLOADS):
         raise SystemExit(f"--workloads: unknown {sorted(set(names) - set(WORKLOADS))}")
     workloads = [all_workloads[n] for n in WORKLOADS if n in names]
+    wanted_servers(args.servers)
     out = Path(args.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     raw_dir = out / "raw" / f"{args.name}-{stamp}"

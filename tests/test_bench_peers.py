@@ -3,12 +3,14 @@ ratio table compute right. No server runs here (the benchmark itself is run by h
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_peers.py"
+sys.path.insert(0, str(BENCH.parent))
 
 from peers.report import llama_counterpart, markdown, ratios  # noqa: E402
 from peers.workloads import FIRST_ORDINARY_ID, RequestResult, Scale, make_workloads, summarise  # noqa: E402
@@ -127,6 +129,15 @@ def test_llama_q4_0_is_a_server_choice_planned_after_q8_0(tmp_path: Path) -> Non
     plan = [name for name, _ in bench_peers.build_peers(args, tmp_path, tmp_path)]
     assert plan == ["tritonllm --quantization int4", "llama-q8_0", "llama-q4_0"]
     assert bench_peers.weights_of("--quantization int4", tmp_path) == "int4"
+
+
+def test_an_unknown_server_stops_the_run_before_it_writes_anything(tmp_path: Path) -> None:
+    """A typo in --servers once overwrote the tracked default results on the way out."""
+    out = tmp_path / "results"
+    command = [sys.executable, str(BENCH), "--servers", "tritonllm,lama-q8_0", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "unknown ['lama-q8_0']" in result.stderr
+    assert not out.exists()
 
 
 def test_plot_draws_every_server_and_recomputes_summaries_from_raw(tmp_path: Path) -> None:
