@@ -63,26 +63,13 @@ struct Int4Format {
 at::Tensor int4_pack(const at::Tensor& w, const at::Tensor& ws) {
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(1) % (kBlock / 2) == 0,
               "weight must be contiguous uint8 [N, K padded to 32 / 2] (two 4-bit weights a byte)");
-  const int64_t n = w.size(0), nb = w.size(1) / (kBlock / 2), tiles = (n + kTileRows - 1) / kTileRows;
+  const int64_t n = w.size(0), nb = w.size(1) / (kBlock / 2);
   TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.dim() == 2 && ws.size(0) == n && ws.size(1) == nb,
               "scales must be float32 [N, K/32]");
-  at::Tensor packed = at::zeros({tiles, nb, kInt4BlockBytes}, w.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const float* wsp = ws.data_ptr<float>();
-  uint8_t* pp = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      uint8_t* tile = pp + t * nb * kInt4BlockBytes;
-      for (int64_t r = 0; r < kTileRows; ++r) {
-        const int64_t row = t * kTileRows + r;
-        for (int64_t b = 0; b < nb; ++b) {
-          const c10::Half scale(row < n ? wsp[row * nb + b] : 0.f);
-          std::memcpy(tile + b * kInt4BlockBytes + scale_offset(0, r), &scale, 2);
-          for (int64_t i = 0; i < kBlock / 2; ++i)
-            tile[int4_byte_offset(b, r, i)] = row < n ? wp[row * (nb * kBlock / 2) + b * kBlock / 2 + i] : 0x88;
-        }
-      }
-    }
+  constexpr int64_t kBytes = kBlock / 2;  // a row's bytes a block
+  at::Tensor packed = packed_tiles<Int4Format>(n, nb, ws, [&](uint8_t* tile, int64_t b, int64_t r, int64_t row) {
+    for (int64_t i = 0; i < kBytes; ++i) tile[int4_byte_offset(b, r, i)] = row < n ? wp[(row * nb + b) * kBytes + i] : 0x88;
   });
   return packed;
 }

@@ -413,6 +413,31 @@ void block_linear_into(const at::Tensor& x, const at::Tensor& packed, const c10:
   dot_product<Format, at::BFloat16>(x, packed, bias, out);
 }
 
+// A packed weight of `Format`, uint8 [ceil(n / kTileRows), nb, Format::kBlockBytes], with every row's fp16 scales in
+// place (scales: float32 [n, nb]; 0 for the rows past n that fill the last tile); put(tile, b, r, row) writes row
+// `row`'s weights of block b at row r of `tile` (a zero weight for row >= n).
+template <typename Format, typename Put>
+at::Tensor packed_tiles(int64_t n, int64_t nb, const at::Tensor& scales, Put put) {
+  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+  at::Tensor packed = at::zeros({tiles, nb, Format::kBlockBytes}, scales.options().dtype(at::kByte));
+  const float* sp = scales.data_ptr<float>();
+  uint8_t* pp = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      uint8_t* tile = pp + t * nb * Format::kBlockBytes;
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const int64_t row = t * kTileRows + r;
+        for (int64_t b = 0; b < nb; ++b) {
+          const c10::Half scale(row < n ? sp[row * nb + b] : 0.f);
+          std::memcpy(tile + b * Format::kBlockBytes + scale_offset(0, r), &scale, 2);
+          put(tile, b, r, row);
+        }
+      }
+    }
+  });
+  return packed;
+}
+
 void check_packed(const at::Tensor& packed) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kTileBlock,
               errors::message("packed int8 weights must be contiguous uint8 [tiles, blocks, ", kTileBlock, "] (from int8_pack)"));
@@ -427,25 +452,12 @@ void check_packed(const at::Tensor& packed) {
 at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
   TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
   TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
-  const int64_t n = w.size(0), kp = w.size(1), nb = kp / kBlock, tiles = (n + kTileRows - 1) / kTileRows;
-  at::Tensor packed = at::zeros({tiles, nb, kTileBlock}, w.options().dtype(at::kByte));
+  const int64_t n = w.size(0), kp = w.size(1);
   const int8_t* wp = w.data_ptr<int8_t>();
-  const float* wsp = ws.data_ptr<float>();
-  uint8_t* pp = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      uint8_t* tile = pp + t * nb * kTileBlock;
-      for (int64_t r = 0; r < kTileRows; ++r) {
-        const int64_t row = t * kTileRows + r;
-        for (int64_t b = 0; b < nb; ++b) {
-          const c10::Half scale(row < n ? wsp[row * nb + b] : 0.f);
-          std::memcpy(tile + scale_offset(b, r), &scale, 2);
-          for (int64_t i = 0; i < kBlock; ++i) {
-            const int8_t weight = row < n ? wp[row * kp + b * kBlock + i] : 0;
-            tile[weight_offset(b, r, i)] = static_cast<uint8_t>(weight) ^ kWeightOffset;
-          }
-        }
-      }
+  at::Tensor packed = packed_tiles<Int8Format>(n, kp / kBlock, ws, [&](uint8_t* tile, int64_t b, int64_t r, int64_t row) {
+    for (int64_t i = 0; i < kBlock; ++i) {
+      const int8_t weight = row < n ? wp[row * kp + b * kBlock + i] : 0;
+      tile[weight_offset(b, r, i)] = static_cast<uint8_t>(weight) ^ kWeightOffset;
     }
   });
   return packed;
