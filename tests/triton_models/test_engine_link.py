@@ -13,6 +13,7 @@ from tritonllm.triton.models.engine_link import (
     UNREACHABLE,
     EngineCallError,
     EngineLink,
+    EngineStream,
     infer_request,
     response_outputs,
 )
@@ -52,6 +53,25 @@ def test_an_unreachable_engine_is_a_clear_error() -> None:
             list(stream)
     finally:
         link.close()
+
+
+def test_an_error_response_is_raised_after_the_stream_ends() -> None:
+    """An error is a request's final response; the stream is read to its end before raising, because leaving
+    the call there cancels it under Triton 2.51 while it finishes the stream, and the server's handler then
+    holds the engine model (an unload hung until its deadline)."""
+    error = service_pb2.ModelStreamInferResponse(error_message="server busy: 1 request waiting")
+    flag_only = service_pb2.ModelStreamInferResponse()  # what could follow: ignored once failed
+    read = []
+
+    def call():
+        for message in (error, flag_only):
+            read.append(message)
+            yield message
+        read.append("end")
+
+    with pytest.raises(EngineCallError, match="server busy"):
+        list(EngineStream(call(), "127.0.0.1:1"))
+    assert read == [error, flag_only, "end"], "read to the end first"
 
 
 def test_response_outputs_read_as_tritonclient_reads_them() -> None:

@@ -310,13 +310,15 @@ class TritonBackend:
                 await call.done_writing()  # half-close: Triton ends the stream after the final response
             except asyncio.InvalidStateError:  # the call already ended (e.g. unreachable): read says why
                 pass
+            error = None
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    return
-                if response.error_message:
-                    raise self._error(InferenceServerException(msg=response.error_message))
-                if not response.infer_response.outputs:
+                    break
+                if response.error_message:  # final: read on to the end (engine_link.EngineStream says why)
+                    error = error or response.error_message
+                    continue
+                if error is not None or not response.infer_response.outputs:
                     continue
                 if text is None:
                     yield read_piece(response.infer_response)
@@ -324,6 +326,8 @@ class TritonBackend:
                 engine_outputs = response_outputs(response.infer_response)
                 if "output_ids" in engine_outputs:  # not the flag-only final response
                     yield piece_from_outputs(text.text_outputs(engine_outputs))
+            if error is not None:
+                raise self._error(InferenceServerException(msg=error))
         except (grpc.aio.AioRpcError, InferenceServerException) as exc:
             raise self._error(exc) from None
         finally:

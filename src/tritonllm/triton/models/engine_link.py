@@ -82,17 +82,25 @@ class EngineStream:
         self.cancelled = False
 
     def __iter__(self) -> Iterator[Outputs]:
+        error = None
         try:
             for message in self._call:
                 if message.error_message:
-                    raise EngineCallError(message.error_message)
-                if message.infer_response.outputs:
+                    # An error is the request's final response: read on to the stream's end, which the
+                    # server sends next. Leaving the call here cancels it while Triton 2.51 is still
+                    # finishing the stream, and its handler then waits for a cancellation callback that
+                    # never comes, holding `tensorrt_llm`: the launcher's drain (an unload) then hung until
+                    # its deadline, ~1 stop in 8 after a busy rejection (test_launcher's interval test).
+                    error = error or message.error_message
+                elif message.infer_response.outputs and error is None:
                     yield response_outputs(message.infer_response)
         except grpc.RpcError as exc:
             if self.cancelled:
                 return
             detail = f"{exc.code().name}: {exc.details()}"
             raise EngineCallError(f"{UNREACHABLE} over gRPC at {self._url} ({detail})") from None
+        if error is not None:
+            raise EngineCallError(error)
 
     def cancel(self) -> None:
         self.cancelled = True
