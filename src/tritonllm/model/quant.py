@@ -172,6 +172,11 @@ def quantize_int4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return nibbles.reshape(n, padded // 2).contiguous(), scale.contiguous()
 
 
+def expand_int8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    n, padded = weight.shape
+    return (weight.view(n, -1, INT8_BLOCK).float() * scale.float()[..., None]).view(n, padded)
+
+
 def expand_int4_blocks(nibbles: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     n = nibbles.shape[0]
     halves = nibbles.view(n, -1, INT8_BLOCK // 2)
@@ -225,6 +230,7 @@ class BlockLinear(nn.Module):
 
     kernel: str  # the kernels' `<kernel>_pack` and `<kernel>_linear`
     block_bytes: int  # a tile's bytes per row and block: 32 weights and an fp16 scale
+    expand: staticmethod  # (weight, scale) -> the fp32 weights, for the path without kernels
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -234,14 +240,11 @@ class BlockLinear(nn.Module):
             self.register_buffer("weight", self.expand(weight, scale))
         else:
             pack = getattr(self.kernels, f"{self.kernel}_pack")
+            self.kernel_linear = getattr(self.kernels, f"{self.kernel}_linear")
             self.register_buffer("weight", pack(weight.contiguous(), scale.float().contiguous()))
             if bias is not None:  # the kernels add a bias to every row, padded ones included
                 bias = F.pad(bias, (0, self.weight.shape[0] * self.tile_rows - self.out_features))
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
-
-    @staticmethod
-    def expand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
 
     @property
     def tile_rows(self) -> int:
@@ -251,26 +254,20 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is None:
             return F.linear(x.float(), self.weight[:, : x.shape[-1]], self.bias).to(x.dtype)
-        y = kernel_dtypes(getattr(self.kernels, f"{self.kernel}_linear"), x, self.weight, self.bias)
+        y = kernel_dtypes(self.kernel_linear, x, self.weight, self.bias)
         return y if y.shape[-1] == self.out_features else y[..., : self.out_features]
 
 
 class BlockInt8Linear(BlockLinear):
     kernel = "int8"
     block_bytes = INT8_BLOCK + 2
-
-    @staticmethod
-    def expand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return expand_int8_blocks(weight, scale)
+    expand = staticmethod(expand_int8_blocks)
 
 
 class BlockInt4Linear(BlockLinear):
     kernel = "int4"
     block_bytes = INT8_BLOCK // 2 + 2
-
-    @staticmethod
-    def expand(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return expand_int4_blocks(weight, scale)
+    expand = staticmethod(expand_int4_blocks)
 
 
 NO_TENSOR = torch.empty(0)  # "none" in the tensor lists of csrc/decode_stack.cpp
@@ -289,11 +286,6 @@ def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
     if isinstance(linear, BlockLinear) and linear.out_features % linear.tile_rows:
         return None
     return [linear.weight, NO_TENSOR if linear.bias is None else linear.bias]
-
-
-def expand_int8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    n, padded = weight.shape
-    return (weight.view(n, -1, INT8_BLOCK).float() * scale.float()[..., None]).view(n, padded)
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:

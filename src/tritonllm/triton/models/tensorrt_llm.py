@@ -104,8 +104,9 @@ class EngineModel:
                 log.exception("no response sender")
                 continue
             try:
-                timeout_us = request_timeout_us(request, request_parameters(request))
-                rows = self.parse(request)
+                params = request_parameters(request)
+                timeout_us = request_timeout_us(request, params)
+                rows = self.parse(request, params.get("priority"))
                 self.bridge.submit(request.request_id(), rows, channel, timeout_s=timeout_us / 1e6 or None)
             except RequestError as exc:
                 channel.send(None, str(exc), final=True)
@@ -114,12 +115,11 @@ class EngineModel:
                 channel.send(None, f"internal error: {exc}", final=True)
         return None
 
-    def parse(self, request: Any) -> list[tensors.EngineRequest]:
-        """One EngineRequest per batch row (a `stop` request is one row)."""
+    def parse(self, request: Any, priority: object = None) -> list[tensors.EngineRequest]:
+        """One EngineRequest per batch row (a `stop` request is one row), at the priority parameter given."""
         inputs = request_inputs(request)
         if tensors.is_stop(inputs):
             return [tensors.parse_engine_request(tensors.split_batch(inputs)[0])]
-        priority = request_parameters(request).get("priority")
         rows = [tensors.parse_engine_request(row, priority) for row in tensors.split_batch(inputs)]
         if not self.decoupled and any(r.streaming for r in rows):
             raise RequestError("streaming", "needs the decoupled model (tritonllm launch --decoupled true)")
