@@ -14,6 +14,7 @@ from engine_helpers import greedy, hf_greedy, make_engine, random_prompts, run_s
 import tritonllm.model.llama as llama
 from tritonllm.model import cpu_kernels
 from tritonllm.model.cpu_kernels import load_kernels, supported_isas
+from tritonllm.model.kv_rows import from_rows, to_rows
 from tritonllm.model.llama import gather_blocks
 
 
@@ -76,9 +77,25 @@ def test_builds_are_chosen_from_the_capability_and_the_flags(
     assert supported_isas() == expected
 
 
-# (queries, cache) dtypes: one dtype, or a bf16 cache under fp32 activations (the int8 engine's).
-DTYPES = [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.float32, torch.bfloat16)]
-DTYPE_IDS = ["fp32", "bf16", "fp32-bf16-cache"]
+# (queries, cache) dtypes: one dtype, a bf16 cache under fp32 activations (the int8 engine's), int8 rows.
+DTYPES = [
+    (torch.float32,) * 2,
+    (torch.bfloat16,) * 2,
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.int8),
+    (torch.bfloat16, torch.int8),
+]
+DTYPE_IDS = ["fp32", "bf16", "fp32-bf16-cache", "fp32-int8-cache", "bf16-int8-cache"]
+
+
+def random_cache(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Normal values [..., head_dim] as cache rows of `dtype` (int8: with their scales, kv_rows.py)."""
+    return to_rows(torch.randn(shape, generator=gen), dtype)
+
+
+def as_fp32(cache: torch.Tensor) -> torch.Tensor:
+    """What a cache holds, in fp32: the reference attention's keys and values."""
+    return from_rows(cache, torch.float32)
 
 
 @pytest.mark.parametrize("isa", supported_isas())
@@ -88,36 +105,54 @@ def test_kernel_matches_torch(isa: str, dtypes: tuple[torch.dtype, torch.dtype])
     dtype, cache_dtype = dtypes
     gen = torch.Generator().manual_seed(0)
     kv_heads, blocks, bs, head_dim, heads, d = 3, 64, 4, 16, 9, 7
-    k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
-    v_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
+    k_cache = random_cache((kv_heads, blocks, bs, head_dim), cache_dtype, gen)
+    v_cache = random_cache((kv_heads, blocks, bs, head_dim), cache_dtype, gen)
     lengths = torch.tensor([1, 4, 5, 17, 30, 2, 32])
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:8] for _ in range(d)])
     q = torch.randn(d, heads, head_dim, generator=gen).to(dtype)
     got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, 0.25)
     assert got.dtype == dtype
-    expected = torch_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, lengths, 0.25)
+    expected = torch_decode_attention(q.float(), as_fp32(k_cache), as_fp32(v_cache), tables, lengths, 0.25)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_and_cache_writes_a_bf16_cache_as_pytorch_does(dtype: torch.dtype) -> None:
-    """The kernel's RoPE + cache write, into a cache of the activations' dtype or a bf16 one under fp32,
-    equals the PyTorch version (which rounds the same fp32 values to bf16)."""
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"),
+    [
+        (torch.float32,) * 2,
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16,) * 2,
+        (torch.float32, torch.int8),
+    ],
+)
+def test_rope_and_cache_writes_the_cache_as_pytorch_does(
+    dtype: torch.dtype, cache_dtype: torch.dtype
+) -> None:
+    """The kernel's RoPE + cache write, into a bf16 cache or int8 rows, equals the PyTorch version (which
+    rounds the same fp32 values to bf16, or to int8 steps of each row's largest magnitude / 127)."""
     kernels = load_kernels()
     gen = torch.Generator().manual_seed(5)
     tokens, heads, kv_heads, head_dim, blocks, bs = 5, 4, 2, 16, 6, 4
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
     angles = torch.rand(tokens, head_dim, generator=gen)
-    cos, sin, slots = angles.cos(), angles.sin(), torch.tensor([3, 0, 9, 21, 17])
+    cos, sin, slots = angles.cos().to(dtype), angles.sin().to(dtype), torch.tensor([3, 0, 9, 21, 17])
+    row = head_dim + 4 if cache_dtype == torch.int8 else head_dim
     results = []
     for ops in (kernels, llama.TorchLayerOps):
-        caches = [torch.zeros(kv_heads, blocks, bs, head_dim, dtype=dtype) for _ in range(2)]
+        caches = [torch.zeros(kv_heads, blocks, bs, row, dtype=cache_dtype) for _ in range(2)]
         qk = ops.rope_and_cache(qkv, cos, sin, slots, caches[0], caches[1], heads)
         results.append((qk, *caches))
-    for got, expected in zip(*results, strict=True):
-        assert got.dtype == expected.dtype
-        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    (qk, keys, values), (expected_qk, expected_keys, expected_values) = results
+    torch.testing.assert_close(qk, expected_qk, atol=1e-6, rtol=1e-6)
+    assert keys.dtype == values.dtype == cache_dtype
+    # Values are written unrotated: the same rows to the bit. Rotated keys may differ in their last bits
+    # (the kernel rounds as HF does), so a key may land one int8 step away.
+    assert torch.equal(values, expected_values)
+    written = keys.view(kv_heads, -1, row)[:, slots]
+    assert written.abs().sum() > 0
+    step = as_fp32(expected_keys).abs().amax() / 127 if cache_dtype == torch.int8 else 1e-6
+    torch.testing.assert_close(as_fp32(keys), as_fp32(expected_keys), atol=float(step) * 1.01, rtol=1e-2)
 
 
 @pytest.mark.parametrize("isa", supported_isas())
@@ -134,8 +169,8 @@ def test_long_contexts_split_across_threads_match_torch(
     dtype, cache_dtype = dtypes
     gen = torch.Generator().manual_seed(1)
     kv_heads, blocks, bs, head_dim, heads = 3, 160, 16, 64, 9
-    k_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
-    v_cache = torch.randn(kv_heads, blocks, bs, head_dim, generator=gen).to(cache_dtype)
+    k_cache = random_cache((kv_heads, blocks, bs, head_dim), cache_dtype, gen)
+    v_cache = random_cache((kv_heads, blocks, bs, head_dim), cache_dtype, gen)
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:63] for _ in lengths])
     q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
     previous = torch.get_num_threads()
@@ -145,7 +180,7 @@ def test_long_contexts_split_across_threads_match_torch(
     finally:
         torch.set_num_threads(previous)
     expected = torch_decode_attention(
-        q.float(), k_cache.float(), v_cache.float(), tables, torch.tensor(lengths), 0.125
+        q.float(), as_fp32(k_cache), as_fp32(v_cache), tables, torch.tensor(lengths), 0.125
     )
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
@@ -172,13 +207,18 @@ def test_stale_build_lock_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert not stale.exists()
 
 
-@pytest.mark.parametrize(("quantization", "dtype"), [("int8", "float32"), ("none", "bfloat16")])
+@pytest.mark.parametrize(
+    ("quantization", "dtype", "kv_cache_dtype"),
+    [("int8", "float32", "auto"), ("none", "bfloat16", "auto"), ("int8", "float32", "int8")],
+)
 def test_fused_decode_layers_match_the_python_loop_to_the_bit(
-    tiny_llama_dir: Path, quantization: str, dtype: str
+    tiny_llama_dir: Path, quantization: str, dtype: str, kv_cache_dtype: str
 ) -> None:
     """Decode-only steps run all layers in one C++ call (csrc/decode_stack.cpp): the same kernels in the same
     order, so every decode step's logits equal the Python layer loop's exactly."""
-    engine = make_engine(tiny_llama_dir, quantization=quantization, dtype=dtype, max_num_seqs=4)
+    engine = make_engine(
+        tiny_llama_dir, quantization=quantization, dtype=dtype, kv_cache_dtype=kv_cache_dtype, max_num_seqs=4
+    )
     model = engine.runner.model
     assert model.packed_layers is not None, "int8 and bf16 linears run on the kernels"
     forward, differences = model.forward, []

@@ -72,6 +72,31 @@ def test_kv_cache_is_bf16_under_int8_where_the_kernels_run(tiny_llama_dir: Path)
     assert len(engine.generate([PROMPT], greedy(8))[0]) == 8
 
 
+def test_int8_kv_cache_holds_twice_the_tokens_of_bf16_in_the_same_memory(tiny_llama_dir: Path) -> None:
+    """int8 rows are head_dim bytes and a 4-byte scale (model/kv_rows.py); allowed under fp32 and bf16
+    activations, refused under fp16, where the kernels take no int8 cache."""
+    budget = 1 << 20
+    pools = {
+        kv: make_engine(tiny_llama_dir, kv_cache_dtype=kv, num_kv_blocks=None, kv_cache_memory_bytes=budget)
+        for kv in ("bfloat16", "int8")
+    }
+    head_dim = pools["int8"].runner.args.head_dim
+    assert pools["int8"].runner.kv_cache.dtype == torch.int8
+    assert pools["int8"].runner.kv_cache.shape[-1] == head_dim + 4
+    ratio = pools["int8"].runner.num_blocks / pools["bfloat16"].runner.num_blocks
+    assert ratio == pytest.approx(2 * head_dim / (head_dim + 4), rel=0.01)
+    assert pools["int8"].stats().kv_cache_dtype == "int8"
+    assert len(pools["int8"].generate([PROMPT], greedy(8))[0]) == 8
+    assert (
+        EngineConfig(model=str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="int8").kv_cache_dtype
+        == "int8"
+    )
+    with pytest.raises(ValueError, match="int8 under float32 or bfloat16"):
+        EngineConfig(model=str(tiny_llama_dir), dtype="float16", kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        EngineConfig(model=str(tiny_llama_dir), kv_cache_dtype="fp8")
+
+
 def test_full_waiting_queue_rejects_with_busy(tiny_llama_dir: Path) -> None:
     engine = make_engine(tiny_llama_dir, max_waiting=3)
     for i in range(3):

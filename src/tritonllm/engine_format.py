@@ -55,6 +55,13 @@ def built_quantization(path: str | Path) -> str | None:
     return info["quantization"] if info and info["backend"] == "torch" else None
 
 
+def built_kv_cache_dtype(path: str | Path) -> str | None:
+    """The KV cache a torch engine directory was built for (`--kv-cache-dtype int8`), else None."""
+    info = read_build_info(path)
+    chosen = info.get("kv_cache_dtype", "auto") if info and info["backend"] == "torch" else "auto"
+    return None if chosen == "auto" else chosen
+
+
 def engine_defaults(path: str | Path) -> dict[str, Any]:
     """EngineConfig values implied by an engine directory's limits ({} for a HF checkpoint directory)."""
     info = read_build_info(path)

@@ -255,6 +255,7 @@ def test_model_repository_refuses_a_foreign_folder(tiny_llama_dir: Path, tmp_pat
         ("tokens_per_block", -4, "tokens_per_block must be positive"),
         ("quantization", "int8_sq", "quantization must be one of"),
         ("dtype", "float64", "dtype must be one of"),
+        ("kv_cache_dtype", "fp8", "kv_cache_dtype must be one of"),
         ("max_engine_restarts", -1, "max_engine_restarts must be >= 0"),
     ],
 )

@@ -159,3 +159,16 @@ def test_auto_quantization_keeps_what_was_built_else_int8_on_the_kernels(
     config = EngineConfig(model=str(tiny_llama_dir), quantization="auto", dtype="auto")
     on_kernels = load_kernels() is not None
     assert (config.quantization, config.dtype) == (("int8", "float32") if on_kernels else ("none", "float32"))
+
+
+def test_an_engine_built_for_an_int8_kv_cache_serves_with_one(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """`--kv-cache-dtype int8` on the project's engine is recorded, and the engine (Triton's included) then
+    keeps int8 rows unless told otherwise."""
+    built = build_without_source(tiny_llama_dir, tmp_path, ["int8"], kv_cache_dtype="int8")["int8"]
+    assert read_build_info(built)["kv_cache_dtype"] == "int8"
+    assert EngineConfig(model=str(built)).kv_cache_dtype == "int8"
+    assert engine_config({"engine_dir": str(built), "num_threads": "1"}).kv_cache_dtype == "int8"
+    assert engine_config({"engine_dir": str(built), "kv_cache_dtype": "float32"}).kv_cache_dtype == "float32"
+    engine = make_engine(built)
+    assert engine.runner.kv_cache.dtype == torch.int8
+    assert len(engine.generate([[5, 6, 7, 8]], greedy(6))[0]) == 6

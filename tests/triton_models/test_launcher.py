@@ -96,17 +96,21 @@ def test_launch_renders_the_send_stall_timeout_and_rejects_a_non_positive_one(tm
 
 
 def test_launch_serves_auto_quantization_and_dtype_by_default(tmp_path: Path) -> None:
-    """`tritonllm launch` asks the engine for auto (int8 on the CPU kernels, else as built or none) and an
-    auto dtype; an explicit choice renders as given."""
+    """`tritonllm launch` asks the engine for auto (int8 on the CPU kernels, else as built or none), an auto
+    dtype and an auto KV cache; an explicit choice renders as given."""
     args = argparse.ArgumentParser()
     add_arguments(args)
-    for argv, quantization in (([], "auto"), (["--quantization", "none"], "none")):
+    for argv, quantization, kv in (
+        ([], "auto", "auto"),
+        (["--quantization", "none", "--kv-cache-dtype", "int8"], "none", "int8"),
+    ):
         options = options_from_args(args.parse_args(["--model", str(tmp_path), *argv]))
-        assert (options.quantization, options.dtype) == (quantization, "auto")
+        assert (options.quantization, options.dtype, options.kv_cache_dtype) == (quantization, "auto", kv)
         engine = (
             render_repository(tmp_path / quantization, options) / "tensorrt_llm" / "config.pbtxt"
         ).read_text()
         assert f'key: "quantization" value: {{ string_value: "{quantization}" }}' in engine
+        assert f'key: "kv_cache_dtype" value: {{ string_value: "{kv}" }}' in engine
 
 
 def test_backend_dir_and_command(tmp_path: Path) -> None:

@@ -108,10 +108,10 @@ class BuildOptions:
                 f"--quantization {self.quantization} needs the TensorRT-LLM backend (a GPU and "
                 f"tensorrt_llm 1.2.x); {why}, which supports {', '.join(TORCH_QUANTIZATIONS)}"
             )
-        if self.kv_cache_dtype != "auto":
+        if self.kv_cache_dtype not in ("auto", "int8"):
             raise BuildError(
                 f"--kv-cache-dtype {self.kv_cache_dtype} needs the TensorRT-LLM backend; {why}, "
-                "whose KV cache is in the compute dtype (use auto)"
+                "whose KV cache is auto (the compute dtype; bf16 under int8/int4 weights) or int8"
             )
         if self.tp_size != 1:
             raise BuildError(f"--tp-size {self.tp_size} needs the TensorRT-LLM backend; {why} (one device)")

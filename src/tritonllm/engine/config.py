@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tritonllm.engine_format import built_quantization
-from tritonllm.precision import BLOCK_QUANTIZATIONS, DTYPES, ENGINE_QUANTIZATIONS
+from tritonllm.engine_format import built_kv_cache_dtype, built_quantization
+from tritonllm.precision import BLOCK_QUANTIZATIONS, DTYPES, ENGINE_QUANTIZATIONS, KV_CACHE_DTYPES
 
 
 def auto_dtype(device: str, quantization: str) -> str:
@@ -70,7 +70,9 @@ class EngineConfig:
     model: str
     dtype: str = "float32"  # the reference HF matches token for token; "auto": the fastest (auto_dtype)
     device: str = "cpu"
-    kv_cache_dtype: str = "auto"  # the compute dtype, or bf16 under int8 (auto_kv_cache_dtype)
+    kv_cache_dtype: str = (
+        "auto"  # as built, else auto_kv_cache_dtype; int8 rows (model/kv_rows.py): half bf16's bytes
+    )
     quantization: str | None = None  # None: as built (an engine directory), else "none"; "auto": see below
     tokens_per_block: int = 16
     num_kv_blocks: int | None = None
@@ -94,13 +96,18 @@ class EngineConfig:
             self.quantization = auto_quantization(self.model, self.device)
         if self.dtype == "auto":
             self.dtype = auto_dtype(self.device, self.quantization)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.kv_cache_dtype == "auto":
-            self.kv_cache_dtype = auto_kv_cache_dtype(self.dtype, self.quantization, self.device)
+            self.kv_cache_dtype = built_kv_cache_dtype(self.model) or auto_kv_cache_dtype(
+                self.dtype, self.quantization, self.device
+            )
         bf16_under_fp32 = (self.kv_cache_dtype, self.dtype) == ("bfloat16", "float32")
-        if self.kv_cache_dtype != self.dtype and not bf16_under_fp32:
+        int8_rows = self.kv_cache_dtype == "int8" and self.dtype in ("float32", "bfloat16")
+        if self.kv_cache_dtype != self.dtype and not (bf16_under_fp32 or int8_rows):
             raise ValueError(
-                f"kv_cache_dtype must be the compute dtype ({self.dtype}) or bfloat16 under float32, "
-                f"got {self.kv_cache_dtype!r}"
+                f"kv_cache_dtype must be the compute dtype ({self.dtype}), bfloat16 under float32, or int8 "
+                f"under float32 or bfloat16, got {self.kv_cache_dtype!r}"
             )
         for name in ("tokens_per_block", "max_num_seqs", "max_num_batched_tokens", "max_waiting"):
             if getattr(self, name) <= 0:

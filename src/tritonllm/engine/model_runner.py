@@ -12,6 +12,7 @@ from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.engine.step_inputs import StepInputs
 from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
 from tritonllm.model.huge_pages import huge_page_zeros
+from tritonllm.model.kv_rows import row_width
 from tritonllm.model.loader import TORCH_DTYPES, load_model
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,9 @@ class ModelRunner:
         torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
-        self.kv_cache_dtype = TORCH_DTYPES[config.kv_cache_dtype]
+        self.kv_cache_dtype = (
+            torch.int8 if config.kv_cache_dtype == "int8" else TORCH_DTYPES[config.kv_cache_dtype]
+        )
         self.model = load_model(config.model, config.dtype, config.device, config.quantization)
         self.kernels = describe_kernels(self.device)
         log.info(
@@ -53,7 +56,7 @@ class ModelRunner:
             * a.num_layers
             * config.tokens_per_block
             * a.num_kv_heads
-            * a.head_dim
+            * row_width(a.head_dim, self.kv_cache_dtype)
             * self.kv_cache_dtype.itemsize
         )
         self.bytes_per_block = bytes_per_block
@@ -66,10 +69,12 @@ class ModelRunner:
         self.inputs = StepInputs(config.tokens_per_block, self.device)
 
     def new_kv_cache(self, num_blocks: int) -> torch.Tensor:
-        """A zeroed cache [layers, 2, kv_heads, num_blocks, tokens_per_block, head_dim] (head-major, so a
-        gather of blocks is contiguous per head); evaluation takes a scratch one."""
+        """A zeroed cache [layers, 2, kv_heads, num_blocks, tokens_per_block, row] (head-major, so a gather
+        of blocks is contiguous per head; a row is head_dim values, and a scale under int8: kv_rows.py);
+        evaluation takes a scratch one."""
         a = self.args
-        shape = (a.num_layers, 2, a.num_kv_heads, num_blocks, self.tokens_per_block, a.head_dim)
+        row = row_width(a.head_dim, self.kv_cache_dtype)
+        shape = (a.num_layers, 2, a.num_kv_heads, num_blocks, self.tokens_per_block, row)
         # Decode attention reads blocks from all over the cache: on the CPU, 2 MB pages miss the TLB less;
         # faulted in here, once, rather than inside the steps that first write them.
         if self.device.type == "cpu":

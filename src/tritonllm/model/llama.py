@@ -16,6 +16,7 @@ from torch import nn
 
 from tritonllm.model.args import ModelArgs
 from tritonllm.model.cpu_kernels import load_kernels
+from tritonllm.model.kv_rows import from_rows, head_dim_of, to_rows
 from tritonllm.model.quant import blas_sized, kernel_tensors
 
 
@@ -84,14 +85,14 @@ class TorchLayerOps:
 
     @staticmethod
     def rope_and_cache(qkv, cos, sin, slots, k_cache, v_cache, heads: int) -> torch.Tensor:
-        kv_heads, head_dim = k_cache.shape[0], k_cache.shape[-1]
+        kv_heads, head_dim, row = k_cache.shape[0], head_dim_of(k_cache), k_cache.shape[-1]
         qk = qkv[:, : (heads + kv_heads) * head_dim].reshape(-1, heads + kv_heads, head_dim)
         qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]
         v = qkv[:, (heads + kv_heads) * head_dim :].reshape(-1, kv_heads, head_dim)
-        k_cache.view(kv_heads, -1, head_dim).index_copy_(
-            1, slots, qk[:, heads:].transpose(0, 1).to(k_cache.dtype)
+        k_cache.view(kv_heads, -1, row).index_copy_(
+            1, slots, to_rows(qk[:, heads:].transpose(0, 1), k_cache.dtype)
         )
-        v_cache.view(kv_heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1).to(v_cache.dtype))
+        v_cache.view(kv_heads, -1, row).index_copy_(1, slots, to_rows(v.transpose(0, 1), v_cache.dtype))
         return qk
 
     @staticmethod
@@ -179,8 +180,8 @@ class DecoderLayer(nn.Module):
                 self.scale,
             )
         d = q.shape[0]
-        keys = gather_blocks(k_cache, meta.decode_block_tables).to(q.dtype)
-        values = gather_blocks(v_cache, meta.decode_block_tables).to(q.dtype)
+        keys = from_rows(gather_blocks(k_cache, meta.decode_block_tables), q.dtype)
+        values = from_rows(gather_blocks(v_cache, meta.decode_block_tables), q.dtype)
         q = q.view(d, a.num_kv_heads, -1, a.head_dim).transpose(0, 1)  # [kv_heads, D, group, head_dim]
         visible = torch.arange(keys.shape[2], device=q.device) < meta.decode_context_lens[:, None]
         scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale
@@ -198,8 +199,12 @@ class DecoderLayer(nn.Module):
             values = v[span.start : span.start + span.length].transpose(0, 1)[None]
             bias, causal = None, True
         else:
-            keys = gather_blocks(k_cache, span.block_ids[None])[None, :, 0, : span.context_len].to(q.dtype)
-            values = gather_blocks(v_cache, span.block_ids[None])[None, :, 0, : span.context_len].to(q.dtype)
+            keys = from_rows(
+                gather_blocks(k_cache, span.block_ids[None])[None, :, 0, : span.context_len], q.dtype
+            )
+            values = from_rows(
+                gather_blocks(v_cache, span.block_ids[None])[None, :, 0, : span.context_len], q.dtype
+            )
             bias, causal = span.causal_bias(q.dtype, q.device), False
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=bias, is_causal=causal, scale=self.scale, enable_gqa=True
@@ -208,11 +213,11 @@ class DecoderLayer(nn.Module):
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[kv_heads, num_blocks, bs, head_dim] gathered by tables [D, W] -> [kv_heads, D, W * bs, head_dim]."""
-    heads, _, bs, head_dim = cache.shape
+    """[kv_heads, num_blocks, bs, row] gathered by tables [D, W] -> [kv_heads, D, W * bs, row] (kv_rows)."""
+    heads, _, bs, row = cache.shape
     d, width = block_tables.shape
-    rows = cache.view(heads, -1, bs * head_dim).index_select(1, block_tables.reshape(-1))
-    return rows.view(heads, d, width * bs, head_dim)
+    rows = cache.view(heads, -1, bs * row).index_select(1, block_tables.reshape(-1))
+    return rows.view(heads, d, width * bs, row)
 
 
 class LlamaModel(nn.Module):

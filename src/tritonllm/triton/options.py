@@ -7,7 +7,7 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS
+from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS, KV_CACHE_DTYPES
 
 DEFAULT_MAX_ENGINE_RESTARTS = 3  # engine restarts in place before a dead engine stops the server
 DEFAULT_SEND_STALL_TIMEOUT_S = 60.0  # a response send stuck this long stops the server (recovery)
@@ -35,6 +35,7 @@ class LaunchOptions:
     num_threads: int | None = None
     quantization: str | None = None  # None: the engine's default (as built, else none); the CLI's is auto
     dtype: str | None = None
+    kv_cache_dtype: str | None = None  # None: the engine's auto_kv_cache_dtype
     drain_timeout_s: float = 5.0
     stream_interval: int = 1  # streamed tokens a response after the first (fewer responses, less CPU)
     max_engine_restarts: int = DEFAULT_MAX_ENGINE_RESTARTS  # then a dead engine loop stops the server
@@ -66,6 +67,8 @@ class LaunchOptions:
             raise ValueError(f"quantization must be one of {ENGINE_QUANTIZATIONS}, got {self.quantization!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.drain_timeout_s < 0 or self.exit_timeout_s < 0 or self.max_engine_restarts < 0:
             raise ValueError("drain_timeout_s, exit_timeout_s and max_engine_restarts must be >= 0")
         if not self.send_stall_timeout_s > 0:
@@ -126,6 +129,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=DTYPES,
         default="auto",
         help="engine compute dtype; auto: the fastest accurate one for this machine (default: auto)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="engine KV cache; int8: a scale per row, half bf16's bytes for attention to read and twice the "
+        "tokens in the same memory (perplexity within 0.6%% of fp32 on the default model); auto: the compute "
+        "dtype, bf16 under int8/int4 weights on the CPU kernels (default: auto)",
     )
     parser.add_argument("--preprocessing-instances", type=int, default=1)
     parser.add_argument(
@@ -193,6 +204,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         num_threads=args.threads,
         quantization=args.quantization,
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         drain_timeout_s=args.drain_timeout,
         stream_interval=args.stream_interval,
         max_engine_restarts=args.max_engine_restarts,

@@ -35,7 +35,7 @@ at::Tensor decode_layers(at::Tensor x, const std::vector<std::vector<at::Tensor>
               "one KV cache per layer");
   for (const std::vector<at::Tensor>& l : layers) TORCH_CHECK(l.size() == 10, "a layer is 2 norms and 4 x (weight, bias)");
   const std::vector<at::Tensor>& first = layers[0];
-  const int64_t tokens = x.size(0), kv_heads = k_caches[0].size(0), head_dim = k_caches[0].size(3);
+  const int64_t tokens = x.size(0), kv_heads = k_caches[0].size(0), head_dim = kv_rows::head_dim(k_caches[0]);
   const auto options = x.options();
   at::Tensor normed = at::empty_like(x), qkv = at::empty({tokens, out_features(first[2])}, options);
   at::Tensor qk = at::empty({tokens, heads + kv_heads, head_dim}, options);

@@ -10,6 +10,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
+
+#include "kv_rows.h"
 
 namespace {
 
@@ -30,14 +33,15 @@ void add_rms_norm_kernel(T* x, const T* delta, const T* weight, float eps, int64
 }
 
 // Rotates the query and key heads of a fused qkv row (rotate-half RoPE) into `qk`, and writes the rotated
-// keys and the values into the paged cache at each token's slot (in the cache's dtype C: T, or bf16 under
-// fp32 activations).
+// keys and the values into the paged cache at each token's slot (as rows of the cache's dtype C: T, bf16 under
+// fp32 activations, or int8: kv_rows.h).
 template <typename T, typename C>
 void rope_cache_kernel(const T* qkv, const T* cos, const T* sin, const int64_t* slots, int64_t tokens,
                        int64_t heads, int64_t kv_heads, int64_t head_dim, T* qk, C* k_cache, C* v_cache,
                        int64_t slots_per_head) {
-  const int64_t half = head_dim / 2, row = (heads + 2 * kv_heads) * head_dim;
+  const int64_t half = head_dim / 2, row = (heads + 2 * kv_heads) * head_dim, cached = kv_rows::width<C>(head_dim);
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> key(head_dim), value(head_dim);
     for (int64_t t = begin; t < end; ++t) {
       const T* c = cos + t * head_dim;
       const T* s = sin + t * head_dim;
@@ -52,13 +56,13 @@ void rope_cache_kernel(const T* qkv, const T* cos, const T* sin, const int64_t* 
         }
         if (h >= heads) {
           const int64_t kv = h - heads;
-          C* k_slot = k_cache + (kv * slots_per_head + slots[t]) * head_dim;
-          C* v_slot = v_cache + (kv * slots_per_head + slots[t]) * head_dim;
           const T* v = qkv + t * row + (heads + kv_heads + kv) * head_dim;
           for (int64_t i = 0; i < head_dim; ++i) {
-            k_slot[i] = static_cast<C>(static_cast<float>(out[i]));
-            v_slot[i] = static_cast<C>(static_cast<float>(v[i]));
+            key[i] = static_cast<float>(out[i]);
+            value[i] = static_cast<float>(v[i]);
           }
+          kv_rows::store(key.data(), head_dim, k_cache + (kv * slots_per_head + slots[t]) * cached);
+          kv_rows::store(value.data(), head_dim, v_cache + (kv * slots_per_head + slots[t]) * cached);
         }
       }
     }
@@ -112,18 +116,27 @@ at::Tensor add_rms_norm(at::Tensor& x, const c10::optional<at::Tensor>& delta, c
 // qk receives the rotated queries and keys [T, H + KV, D]; the caches receive keys and values.
 void rope_and_cache_into(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads, at::Tensor& qk) {
-  const int64_t kv_heads = k_cache.size(0), head_dim = k_cache.size(3), tokens = qkv.size(0);
+  const kv_rows::Kind kind = kv_rows::check(k_cache, v_cache, qkv.scalar_type());
+  const int64_t kv_heads = k_cache.size(0), head_dim = kv_rows::head_dim(k_cache), tokens = qkv.size(0);
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv must be contiguous [T, (H + 2 KV) D]");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim && sin.numel() == cos.numel(), "cos/sin must be [T, D]");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(), "cos/sin must have qkv's dtype");
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "the caches must have one dtype");
-  const bool bf16_cache = qkv.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(k_cache.scalar_type() == qkv.scalar_type() || bf16_cache, "the caches must have qkv's dtype, or bfloat16 under float32");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && slots.scalar_type() == at::kLong && slots.numel() == tokens, "caches contiguous, slots int64 [T]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == tokens, "slots must be int64 [T]");
   check_op_output(qk, {tokens, heads + kv_heads, head_dim}, qkv);
   const at::Tensor slot_ids = slots.contiguous();
   const int64_t slots_per_head = k_cache.size(1) * k_cache.size(2);
-  if (bf16_cache) {
+  if (kind == kv_rows::Kind::kInt8) {
+    const auto int8_rows = [&](auto activations) {
+      using T = decltype(activations);
+      rope_cache_kernel<T, int8_t>(qkv.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), slot_ids.data_ptr<int64_t>(), tokens,
+                                   heads, kv_heads, head_dim, qk.data_ptr<T>(), k_cache.data_ptr<int8_t>(),
+                                   v_cache.data_ptr<int8_t>(), slots_per_head);
+    };
+    if (qkv.scalar_type() == at::kFloat) int8_rows(float{});
+    else int8_rows(at::BFloat16{});
+    return;
+  }
+  if (kind == kv_rows::Kind::kBf16UnderFp32) {
     rope_cache_kernel<float, at::BFloat16>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), slot_ids.data_ptr<int64_t>(),
                                            tokens, heads, kv_heads, head_dim, qk.data_ptr<float>(), k_cache.data_ptr<at::BFloat16>(),
                                            v_cache.data_ptr<at::BFloat16>(), slots_per_head);
@@ -138,8 +151,8 @@ void rope_and_cache_into(const at::Tensor& qkv, const at::Tensor& cos, const at:
 
 at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                           at::Tensor& k_cache, at::Tensor& v_cache, int64_t heads) {
-  TORCH_CHECK(k_cache.dim() == 4, "caches must be [KV, blocks, block_size, D]");
-  at::Tensor qk = at::empty({qkv.size(0), heads + k_cache.size(0), k_cache.size(3)}, qkv.options());
+  TORCH_CHECK(k_cache.dim() == 4, "caches must be [KV, blocks, block_size, row]");
+  at::Tensor qk = at::empty({qkv.size(0), heads + k_cache.size(0), kv_rows::head_dim(k_cache)}, qkv.options());
   rope_and_cache_into(qkv, cos, sin, slots, k_cache, v_cache, heads, qk);
   return qk;
 }

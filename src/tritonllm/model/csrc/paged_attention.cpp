@@ -3,6 +3,8 @@
 // share each key and value they load, and long contexts are cut into spans so that batch 1 (3 kv heads on
 // SmolLM2) keeps every thread busy. Each span keeps its own softmax maximum and sum; a second pass merges
 // the spans of a (sequence, kv head) exactly (the log-sum-exp rescaling of flash-decoding).
+// An int8 cache (kv_rows.h) is read as its int8 values: each key's scale multiplies its scores, each value's
+// its probabilities, so the dot products are those of the float caches.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
@@ -13,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "kv_rows.h"
 #include "simd.h"
 #include "work_split.h"
 
@@ -27,6 +30,7 @@ struct Task {
 
 struct Geometry {
   int64_t heads, kv_heads, group, head_dim, num_blocks, block_size, width;
+  int64_t row;  // a cached key's or value's elements (kv_rows::width)
 };
 
 // Blocks sit anywhere in the pool, so the hardware prefetcher loses the stream at each one: ask for the
@@ -38,10 +42,11 @@ inline void prefetch_block(const T* first, int64_t elements) {
 }
 
 #ifdef TRITONLLM_AVX512
-// scores[g][j] = q_g . k_j for 8 keys from `k` and query heads [g0, g0 + G): each 16 dims of a key are
-// loaded and widened once for the G heads (8 x G accumulators; G <= 3 keeps them in 32 registers).
+// scores[g][j] = q_g . k_j for 8 keys from `k` (`row` elements apart) and query heads [g0, g0 + G): each 16
+// dims of a key are loaded and widened once for the G heads (8 x G accumulators; G <= 3 keeps them in 32
+// registers).
 template <int G, typename T>
-inline void scores_of_8_keys(const float* q, const T* k, int64_t d, int64_t g0, int64_t len, float* scores) {
+inline void scores_of_8_keys(const float* q, const T* k, int64_t d, int64_t row, int64_t g0, int64_t len, float* scores) {
   __m512 acc[G][8];
   for (auto& head : acc)
     for (auto& a : head) a = _mm512_setzero_ps();
@@ -49,23 +54,24 @@ inline void scores_of_8_keys(const float* q, const T* k, int64_t d, int64_t g0, 
     __m512 qv[G];
     for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_ps(q + (g0 + g) * d + i);
     for (int u = 0; u < 8; ++u) {
-      const __m512 kv = simd::load16(k + u * d + i);
+      const __m512 kv = simd::load16(k + u * row + i);
       for (int g = 0; g < G; ++g) acc[g][u] = _mm512_fmadd_ps(qv[g], kv, acc[g][u]);
     }
   }
   for (int g = 0; g < G; ++g) _mm256_storeu_ps(scores + (g0 + g) * len, simd::hsum8(acc[g]));
 }
 
-// acc[g][0, 64) += sum_j p_g[j] v_j[i, i + 64) over `run` values, for query heads [g0, g0 + G): each 16 dims
-// of a value are loaded and widened once for the G heads.
+// acc[g][0, 64) += sum_j p_g[j] v_j[i, i + 64) over `run` values (`row` elements apart), for query heads
+// [g0, g0 + G): each 16 dims of a value are loaded and widened once for the G heads.
 template <int G, typename T>
-inline void values_of_run(const float* p, int64_t len, const T* v, int64_t run, int64_t d, int64_t i, int64_t g0, float* acc) {
+inline void values_of_run(const float* p, int64_t len, const T* v, int64_t run, int64_t d, int64_t row, int64_t i,
+                          int64_t g0, float* acc) {
   __m512 a[G][4];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < 4; ++c) a[g][c] = _mm512_loadu_ps(acc + (g0 + g) * d + i + 16 * c);
   for (int64_t j = 0; j < run; ++j) {
     __m512 vv[4];
-    for (int c = 0; c < 4; ++c) vv[c] = simd::load16(v + j * d + i + 16 * c);
+    for (int c = 0; c < 4; ++c) vv[c] = simd::load16(v + j * row + i + 16 * c);
     for (int g = 0; g < G; ++g) {
       const __m512 w = _mm512_set1_ps(p[(g0 + g) * len + j]);
       for (int c = 0; c < 4; ++c) a[g][c] = _mm512_fmadd_ps(w, vv[c], a[g][c]);
@@ -89,19 +95,20 @@ inline void in_threes(int64_t group, Fn&& fn) {
 template <typename T>
 void span_scores(const float* q, const T* keys, const T* values, const int64_t* table, const Geometry& geo,
                  int64_t begin, int64_t end, float* scores) {
-  const int64_t d = geo.head_dim, len = end - begin, block_elems = geo.block_size * d;
+  const int64_t d = geo.head_dim, row = geo.row, len = end - begin, block_elems = geo.block_size * row;
   for (int64_t t = begin; t < end;) {
     const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
-    const int64_t block = t / geo.block_size, offset = (table[block] * geo.block_size + in_block) * d;
+    const int64_t block = t / geo.block_size, offset = (table[block] * geo.block_size + in_block) * row;
     const T* k = keys + offset;  // `run` contiguous keys
     if (t + run < end) prefetch_block(keys + table[block + 1] * block_elems, block_elems);
-    prefetch_block(values + offset, run * d);
+    prefetch_block(values + offset, run * row);
+    float* out = scores + (t - begin);
     int64_t j = 0;
 #ifdef TRITONLLM_AVX512
     if constexpr (simd::kVectorLoad<T>)
       for (; d % 16 == 0 && j + 8 <= run; j += 8)
         in_threes(geo.group, [&](auto heads, int64_t g0) {
-          scores_of_8_keys<decltype(heads)::value>(q, k + j * d, d, g0, len, scores + (t - begin) + j);
+          scores_of_8_keys<decltype(heads)::value>(q, k + j * row, d, row, g0, len, out + j);
         });
 #endif
 #ifdef TRITONLLM_AVX2
@@ -112,36 +119,47 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
           for (auto& a : acc) a = _mm256_setzero_ps();
           for (int64_t i = 0; i < d; i += 8) {
             const __m256 qv = _mm256_loadu_ps(q + g * d + i);
-            for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, simd::load8(k + (j + u) * d + i), acc[u]);
+            for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, simd::load8(k + (j + u) * row + i), acc[u]);
           }
-          _mm256_storeu_ps(scores + g * len + (t - begin) + j, simd::hsum8(acc));
+          _mm256_storeu_ps(out + g * len + j, simd::hsum8(acc));
         }
 #endif
     for (; j < run; ++j)
       for (int64_t g = 0; g < geo.group; ++g) {
         float acc = 0.f;
-        for (int64_t i = 0; i < d; ++i) acc += q[g * d + i] * simd::to_float(k[j * d + i]);
-        scores[g * len + (t - begin) + j] = acc;
+        for (int64_t i = 0; i < d; ++i) acc += q[g * d + i] * simd::to_float(k[j * row + i]);
+        out[g * len + j] = acc;
+      }
+    if constexpr (kv_rows::kQuantized<T>)
+      for (j = 0; j < run; ++j) {
+        const float s = kv_rows::scale(k + j * row, d);
+        for (int64_t g = 0; g < geo.group; ++g) out[g * len + j] *= s;
       }
     t += run;
   }
 }
 
-// acc[g] = sum_t p[g][t] * v_t over the span (acc zeroed here).
+// acc[g] = sum_t p[g][t] * v_t over the span (acc zeroed here). Under an int8 cache p becomes p x each value's
+// scale (the softmax sums were taken before).
 template <typename T>
-void span_values(const float* p, const T* values, const int64_t* table, const Geometry& geo, int64_t begin,
+void span_values(float* p, const T* values, const int64_t* table, const Geometry& geo, int64_t begin,
                  int64_t end, float* acc) {
-  const int64_t d = geo.head_dim, len = end - begin;
+  const int64_t d = geo.head_dim, row = geo.row, len = end - begin;
   std::fill(acc, acc + geo.group * d, 0.f);
   for (int64_t t = begin; t < end;) {
     const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
-    const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * d;
+    const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * row;
+    if constexpr (kv_rows::kQuantized<T>)
+      for (int64_t j = 0; j < run; ++j) {
+        const float s = kv_rows::scale(v + j * row, d);
+        for (int64_t g = 0; g < geo.group; ++g) p[g * len + (t - begin) + j] *= s;
+      }
 #ifdef TRITONLLM_AVX512
     if constexpr (simd::kVectorLoad<T>)
       if (d % 64 == 0) {
         for (int64_t i = 0; i < d; i += 64)
           in_threes(geo.group, [&](auto heads, int64_t g0) {
-            values_of_run<decltype(heads)::value>(p + (t - begin), len, v, run, d, i, g0, acc);
+            values_of_run<decltype(heads)::value>(p + (t - begin), len, v, run, d, row, i, g0, acc);
           });
         t += run;
         continue;
@@ -158,11 +176,11 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
         __m256 a2 = _mm256_loadu_ps(out + i + 16), a3 = _mm256_loadu_ps(out + i + 24);
         for (int64_t j = 0; j < run; ++j) {
           const __m256 w = _mm256_set1_ps(pg[j]);
-          const T* row = v + j * d + i;
-          a0 = _mm256_fmadd_ps(w, simd::load8(row), a0);
-          a1 = _mm256_fmadd_ps(w, simd::load8(row + 8), a1);
-          a2 = _mm256_fmadd_ps(w, simd::load8(row + 16), a2);
-          a3 = _mm256_fmadd_ps(w, simd::load8(row + 24), a3);
+          const T* r = v + j * row + i;
+          a0 = _mm256_fmadd_ps(w, simd::load8(r), a0);
+          a1 = _mm256_fmadd_ps(w, simd::load8(r + 8), a1);
+          a2 = _mm256_fmadd_ps(w, simd::load8(r + 16), a2);
+          a3 = _mm256_fmadd_ps(w, simd::load8(r + 24), a3);
         }
         _mm256_storeu_ps(out + i, a0);
         _mm256_storeu_ps(out + i + 8, a1);
@@ -172,7 +190,7 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
 #endif
       for (; i < d; ++i) {
         float a = out[i];
-        for (int64_t j = 0; j < run; ++j) a += pg[j] * simd::to_float(v[j * d + i]);
+        for (int64_t j = 0; j < run; ++j) a += pg[j] * simd::to_float(v[j * row + i]);
         out[i] = a;
       }
     }
@@ -207,12 +225,12 @@ std::vector<Task> plan_tasks(const int64_t* lens, int64_t seqs, const Geometry& 
   return tasks;
 }
 
-// T: the queries' and output's dtype; C: the cache's (T, or bf16 under fp32 activations).
+// T: the queries' and output's dtype; C: the cache's (T, bf16 under fp32 activations, or int8).
 template <typename T, typename C>
 void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, at::Tensor& out) {
   const Geometry geo{q.size(1), k_cache.size(0), q.size(1) / k_cache.size(0), q.size(2), k_cache.size(1),
-                     k_cache.size(2), block_tables.size(1)};
+                     k_cache.size(2), block_tables.size(1), k_cache.size(3)};
   const int64_t seqs = q.size(0), d = geo.head_dim, gd = geo.group * d;
   const T* qp = q.data_ptr<T>();
   const C* kp = k_cache.data_ptr<C>();
@@ -223,7 +241,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   const int64_t n = static_cast<int64_t>(tasks.size());
   // Per task: the unnormalized output of its span and, per query head, the span's max and sum.
   std::vector<float> partial(n * gd), maxima(n * geo.group), sums(n * geo.group);
-  const int64_t per_head = geo.num_blocks * geo.block_size * d;
+  const int64_t per_head = geo.num_blocks * geo.block_size * geo.row;
 
   // Tasks differ in length, and a thread may lose its core for a while: work_split.h lets a thread that is done
   // take the others' remaining tasks.
@@ -276,12 +294,8 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
 void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, at::Tensor& out) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [seqs, heads, head_dim]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "caches must be contiguous [kv_heads, blocks, block_size, head_dim]");
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "the caches must have one dtype");
-  const bool bf16_cache = q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() || bf16_cache,
-              "the caches must have q's dtype, or bfloat16 under float32 q");
+  const kv_rows::Kind kind = kv_rows::check(k_cache, v_cache, q.scalar_type());
+  TORCH_CHECK(kv_rows::head_dim(k_cache) == q.size(2), "q's head size does not fit the cache");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "block tables and lengths must be int64");
   TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "heads must be a multiple of kv heads");
@@ -293,7 +307,12 @@ void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t* lengths = lens.data_ptr<int64_t>();
   TORCH_CHECK(std::all_of(lengths, lengths + lens.numel(), [](int64_t n) { return n >= 1; }),
               "every decode attends to at least one key");
-  if (bf16_cache) {
+  if (kind == kv_rows::Kind::kInt8) {
+    if (q.scalar_type() == at::kFloat) decode_kernel<float, int8_t>(q, k_cache, v_cache, tables, lens, scale, out);
+    else decode_kernel<at::BFloat16, int8_t>(q, k_cache, v_cache, tables, lens, scale, out);
+    return;
+  }
+  if (kind == kv_rows::Kind::kBf16UnderFp32) {
     decode_kernel<float, at::BFloat16>(q, k_cache, v_cache, tables, lens, scale, out);
     return;
   }

@@ -9,7 +9,8 @@
 // The avx512_bf16 build runs bf16 caches (and head sizes that are a multiple of 64) on vdpbf16ps: probabilities
 // rounded to bf16 (as the values already are), fp32 queries split into two bf16 parts, 32 products per
 // instruction into fp32 sums, with key and value tiles laid out in pairs as the instruction reads them
-// (Bf16PairTiles).
+// (Bf16PairTiles). An int8 cache (kv_rows.h) goes through the same tiles: its int8 values are exact in bf16, each
+// key's scale multiplies its scores and each value's its probabilities; other builds convert it to fp32 tiles.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "kv_rows.h"
 #include "simd.h"
 
 namespace {
@@ -40,16 +42,23 @@ struct PrefillTask {
   int64_t keys;                    // keys its last query sees: the task's cost
 };
 
-// Up to kKeyTile keys of the cache (T or bf16; key j's row at cache + at[j]) as fp32, transposed [d, kKeyTile]
-// and zero-padded, for the scores.
+// Up to kKeyTile keys of the cache (key j's row at cache + at[j]) as fp32, transposed [d, kKeyTile] and
+// zero-padded, for the scores.
 template <typename C>
 void load_keys_transposed(const C* cache, const int64_t* at, int64_t n, int64_t d, float* kt) {
   std::fill(kt, kt + d * kKeyTile, 0.f);
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < d; ++i) kt[i * kKeyTile + j] = simd::to_float(cache[at[j] + i]);
+  for (int64_t j = 0; j < n; ++j) {
+    const C* row = cache + at[j];
+    if constexpr (kv_rows::kQuantized<C>) {
+      const float s = kv_rows::scale(row, d);
+      for (int64_t i = 0; i < d; ++i) kt[i * kKeyTile + j] = simd::to_float(row[i]) * s;
+    } else {
+      for (int64_t i = 0; i < d; ++i) kt[i * kKeyTile + j] = simd::to_float(row[i]);
+    }
+  }
 }
 
-// A row of d values as fp32.
+// A cached row of d values as fp32.
 template <typename C>
 void load_values(const C* src, int64_t d, float* out) {
   int64_t i = 0;
@@ -58,6 +67,10 @@ void load_values(const C* src, int64_t d, float* out) {
     for (; i + 8 <= d; i += 8) _mm256_storeu_ps(out + i, simd::load8(src + i));
 #endif
   for (; i < d; ++i) out[i] = simd::to_float(src[i]);
+  if constexpr (kv_rows::kQuantized<C>) {
+    const float s = kv_rows::scale(src, d);
+    for (i = 0; i < d; ++i) out[i] *= s;
+  }
 }
 
 // scores[r][j] = q_r . k_j for R rows and the tile's kKeyTile keys (padding keys score 0). Each step broadcasts
@@ -296,20 +309,32 @@ void accumulate_rows_bf16(const uint32_t* p, const uint16_t* values, int64_t pai
   }
 }
 
-// A key tile's operands as vdpbf16ps reads them (a bf16 cache; d a multiple of 64): keys and values in pairs,
-// probabilities rounded to bf16, queries too unless kSplitQuery (fp32 queries as two bf16 parts: rounding them
-// shifted scores by up to ~0.1 where SmolLM2's outlier dims make q . k large, +1.2% perplexity under int8).
+// A row of d int8 values (d a multiple of 16) as bf16, exactly.
+inline void widen_int8_row(const int8_t* src, int64_t d, at::BFloat16* dst) {
+  for (int64_t i = 0; i < d; i += 16) {
+    const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(x));
+  }
+}
+
+// A key tile's operands as vdpbf16ps reads them (a bf16 or int8 cache C; d a multiple of 64): keys and values in
+// pairs, probabilities rounded to bf16, queries too unless kSplitQuery (fp32 queries as two bf16 parts: rounding
+// them shifted scores by up to ~0.1 where SmolLM2's outlier dims make q . k large, +1.2% perplexity under int8).
 // Padding keys are zeros.
-template <bool kSplitQuery>
+template <bool kSplitQuery, typename C = at::BFloat16>
 struct Bf16PairTiles {
   static constexpr int64_t kKeys = kPairKeys;
   std::vector<uint32_t> query, query_lo, kt, probs;  // [rows, d/2] x 2, [d/2, kKeys], [rows, kKeys/2]: bf16 pairs
   std::vector<uint16_t> values;                      // [kKeys/2, d, 2]
+  // An int8 cache's tile widened to bf16 ([kKeys, d] each), and each key's and value's scale (0 past the run).
+  std::vector<at::BFloat16> wide_keys, wide_values;
+  alignas(64) float key_scale[kKeys], value_scale[kKeys];
   int64_t d;
 
   Bf16PairTiles(int64_t rows, int64_t d)
       : query(rows * d / 2), query_lo(kSplitQuery ? rows * d / 2 : 0), kt(d / 2 * kKeys), probs(rows * kKeys / 2),
-        values(kKeys * d), d(d) {}
+        values(kKeys * d), wide_keys(kv_rows::kQuantized<C> ? kKeys * d : 0),
+        wide_values(kv_rows::kQuantized<C> ? kKeys * d : 0), d(d) {}
 
   template <typename T>
   void set_query(int64_t r, const T* src, float scale) {
@@ -324,7 +349,24 @@ struct Bf16PairTiles {
   // Row r's low query parts; null without kSplitQuery (query_lo is empty then).
   uint32_t* lo_row(int64_t r) { return kSplitQuery ? &query_lo[r * d / 2] : nullptr; }
   const uint32_t* lo_row(int64_t r) const { return kSplitQuery ? &query_lo[r * d / 2] : nullptr; }
-  void load(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int64_t* at, int64_t run) {
+  void load(const C* k_cache, const C* v_cache, const int64_t* at, int64_t run) {
+    if constexpr (kv_rows::kQuantized<C>) {
+      int64_t rows[kKeys];
+      for (int64_t j = 0; j < kKeys; ++j) {
+        rows[j] = j * d;
+        key_scale[j] = j < run ? kv_rows::scale(k_cache + at[j], d) : 0.f;
+        value_scale[j] = j < run ? kv_rows::scale(v_cache + at[j], d) : 0.f;
+      }
+      for (int64_t j = 0; j < run; ++j) {
+        widen_int8_row(k_cache + at[j], d, &wide_keys[j * d]);
+        widen_int8_row(v_cache + at[j], d, &wide_values[j * d]);
+      }
+      load_pairs(wide_keys.data(), wide_values.data(), rows, run);
+    } else {
+      load_pairs(k_cache, v_cache, at, run);
+    }
+  }
+  void load_pairs(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int64_t* at, int64_t run) {
     const int64_t pairs = d / 2;
     for (int64_t j = 0; j < kKeys; ++j) {
       const auto* words = reinterpret_cast<const uint32_t*>(k_cache + at[std::min(j, run - 1)]);
@@ -348,11 +390,21 @@ struct Bf16PairTiles {
       score_rows_bf16<kScoreRows, kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
     for (; r < rows; ++r)
       score_rows_bf16<1, kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
+    if constexpr (kv_rows::kQuantized<C>) {
+      const __m512 low = _mm512_load_ps(key_scale), high = _mm512_load_ps(key_scale + 16);
+      for (r = first; r < rows; ++r) {
+        _mm512_storeu_ps(&scores[r * kKeys], _mm512_mul_ps(low, _mm512_loadu_ps(&scores[r * kKeys])));
+        _mm512_storeu_ps(&scores[r * kKeys + 16], _mm512_mul_ps(high, _mm512_loadu_ps(&scores[r * kKeys + 16])));
+      }
+    }
   }
   void accumulate(int64_t first, int64_t rows, const float* p, int64_t run, const float* rescale, float* acc) {
+    __m512 low = _mm512_set1_ps(1.f), high = low;
+    if constexpr (kv_rows::kQuantized<C>) low = _mm512_load_ps(value_scale), high = _mm512_load_ps(value_scale + 16);
     for (int64_t r = first; r < rows; ++r)
       _mm512_storeu_si512(&probs[r * kKeys / 2],
-                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + r * kKeys + 16), _mm512_loadu_ps(p + r * kKeys)));
+                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(high, _mm512_loadu_ps(p + r * kKeys + 16)),
+                                                       _mm512_mul_ps(low, _mm512_loadu_ps(p + r * kKeys))));
     const int64_t pairs = (run + 1) / 2;
     int64_t r = first;
     for (; r + kValueRows <= rows; r += kValueRows)
@@ -362,14 +414,14 @@ struct Bf16PairTiles {
 };
 #endif
 
-// T: the queries' and output's dtype; C: the cache's (T, or bf16 under fp32 queries); Tiles: the operands'
+// T: the queries' and output's dtype; C: the cache's (T, bf16 under fp32 queries, or int8); Tiles: the operands'
 // layout and dot products (Fp32Tiles, or Bf16PairTiles for a bf16 cache in the avx512_bf16 build).
 template <typename T, typename C, typename Tiles>
 void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                     const at::Tensor& block_tables, const at::Tensor& query_starts, const at::Tensor& context_lens,
                     double scale, at::Tensor& out) {
   const int64_t heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(0), group = heads / kv_heads;
-  const int64_t block_size = k_cache.size(2), per_head = k_cache.size(1) * block_size * d;
+  const int64_t block_size = k_cache.size(2), row = k_cache.size(3), per_head = k_cache.size(1) * block_size * row;
   const int64_t seqs = context_lens.size(0), width = block_tables.size(1);
   const T* qp = q.data_ptr<T>();
   const C* kp = k_cache.data_ptr<C>();
@@ -414,7 +466,7 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
       for (int64_t t = 0; t < task.keys;) {
         const int64_t run = std::min(kKeys, task.keys - t);
         for (int64_t j = 0; j < run; ++j)
-          at[j] = task.head * per_head + (table[(t + j) / block_size] * block_size + (t + j) % block_size) * d;
+          at[j] = task.head * per_head + (table[(t + j) / block_size] * block_size + (t + j) % block_size) * row;
         tiles_of_task.load(kp, vp, at, run);
         // Rows before the diagonal see the whole run; only the tile's first rows may see none of it.
         const int64_t first_row = std::max<int64_t>(0, (t - cached - task.first) * group);
@@ -442,13 +494,9 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
                                    const at::Tensor& block_tables, const at::Tensor& query_starts,
                                    const at::Tensor& context_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [tokens, heads, head_dim]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.scalar_type() == v_cache.scalar_type(),
-              "caches must be contiguous [kv_heads, blocks, block_size, head_dim] of one dtype");
-  const bool bf16_cache = q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() || bf16_cache,
-              "the caches must have q's dtype, or bfloat16 under float32 q");
-  TORCH_CHECK(q.size(1) % k_cache.size(0) == 0 && q.size(2) == k_cache.size(3), "q's heads do not fit the cache");
+  const kv_rows::Kind kind = kv_rows::check(k_cache, v_cache, q.scalar_type());
+  const bool bf16_cache = kind == kv_rows::Kind::kBf16UnderFp32;
+  TORCH_CHECK(q.size(1) % k_cache.size(0) == 0 && q.size(2) == kv_rows::head_dim(k_cache), "q's heads do not fit the cache");
   const auto tables = block_tables.contiguous(), starts = query_starts.contiguous(), lens = context_lens.contiguous();
   TORCH_CHECK(tables.scalar_type() == at::kLong && starts.scalar_type() == at::kLong && lens.scalar_type() == at::kLong,
               "block tables, query starts and context lengths must be int64");
@@ -461,6 +509,18 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
     TORCH_CHECK(s[i + 1] > s[i] && l[i] >= s[i + 1] - s[i] && l[i] <= tables.size(1) * k_cache.size(2),
                 errors::message("chunk ", i, ": needs 1 <= queries <= keys <= its table's capacity"));
   auto out = at::empty_like(q);
+#ifdef TRITONLLM_AVX512_BF16
+  if (kind == kv_rows::Kind::kInt8 && q.size(2) % 64 == 0) {
+    if (q.scalar_type() == at::kFloat) prefill_kernel<float, int8_t, Bf16PairTiles<true, int8_t>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    else prefill_kernel<at::BFloat16, int8_t, Bf16PairTiles<false, int8_t>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    return out;
+  }
+#endif
+  if (kind == kv_rows::Kind::kInt8) {
+    if (q.scalar_type() == at::kFloat) prefill_kernel<float, int8_t, Fp32Tiles<int8_t>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    else prefill_kernel<at::BFloat16, int8_t, Fp32Tiles<int8_t>>(q, k_cache, v_cache, tables, starts, lens, scale, out);
+    return out;
+  }
 #ifdef TRITONLLM_AVX512_BF16
   if (k_cache.scalar_type() == at::kBFloat16 && q.size(2) % 64 == 0) {
     if (bf16_cache) prefill_kernel<float, at::BFloat16, Bf16PairTiles<true>>(q, k_cache, v_cache, tables, starts, lens, scale, out);

@@ -41,7 +41,8 @@ inline float to_float(T v) {
 
 // Element types the AVX2 loads below read (others take the portable loops).
 template <typename T>
-inline constexpr bool kVectorLoad = std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>;
+inline constexpr bool kVectorLoad =
+    std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16> || std::is_same_v<T, int8_t>;
 
 #ifdef TRITONLLM_AVX2
 inline float hsum(__m256 v) {
@@ -64,6 +65,9 @@ inline __m256 load_bf16x8(const uint16_t* p) {
 }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const at::BFloat16* p) { return load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 #endif
 
 #ifdef TRITONLLM_AVX512
@@ -71,6 +75,9 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // The horizontal sums of eight vectors, as one vector: lane j = sum of a[j]'s lanes.

@@ -49,7 +49,7 @@ def engine_config(params: dict[str, str]) -> EngineConfig:
     for name in ints:
         if params.get(name, "").strip():
             kwargs[name] = int(params[name])
-    for name in ("dtype", "device", "quantization"):
+    for name in ("dtype", "device", "quantization", "kv_cache_dtype"):
         if params.get(name, "").strip():
             kwargs[name] = params[name].strip()
     if params.get("enable_prefix_caching", "").strip():
