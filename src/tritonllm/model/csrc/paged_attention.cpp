@@ -31,6 +31,13 @@ struct Task {
 struct Geometry {
   int64_t heads, kv_heads, group, head_dim, num_blocks, block_size, width;
   int64_t row;  // a cached key's or value's elements (kv_rows::width)
+
+  // The row width for a cache of C: head_dim itself for float caches, so that the compiler knows the two
+  // strides are one (a separate stride cost 6% of decode attention's time).
+  template <typename C>
+  int64_t row_of() const {
+    return kv_rows::kQuantized<C> ? row : head_dim;
+  }
 };
 
 // Blocks sit anywhere in the pool, so the hardware prefetcher loses the stream at each one: ask for the
@@ -40,6 +47,20 @@ inline void prefetch_block(const T* first, int64_t elements) {
   const char* p = reinterpret_cast<const char*>(first);
   for (int64_t off = 0; off < elements * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, 2);
 }
+
+#ifdef TRITONLLM_AVX2
+// What 8 keys' scores are multiplied by: the keys' scales for an int8 cache (one gather; `row` bytes apart),
+// else 1.
+template <typename T>
+inline __m256 scales_of_8_rows(const T* first, int64_t d, int64_t row) {
+  if constexpr (kv_rows::kQuantized<T>) {
+    const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(row)));
+    return _mm256_i32gather_ps(reinterpret_cast<const float*>(first + d), offsets, 1);
+  } else {
+    return _mm256_set1_ps(1.f);
+  }
+}
+#endif
 
 #ifdef TRITONLLM_AVX512
 // scores[g][j] = q_g . k_j for 8 keys from `k` (`row` elements apart) and query heads [g0, g0 + G): each 16
@@ -58,11 +79,17 @@ inline void scores_of_8_keys(const float* q, const T* k, int64_t d, int64_t row,
       for (int g = 0; g < G; ++g) acc[g][u] = _mm512_fmadd_ps(qv[g], kv, acc[g][u]);
     }
   }
-  for (int g = 0; g < G; ++g) _mm256_storeu_ps(scores + (g0 + g) * len, simd::hsum8(acc[g]));
+  if constexpr (kv_rows::kQuantized<T>) {
+    const __m256 scales = scales_of_8_rows(k, d, row);
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(scores + (g0 + g) * len, _mm256_mul_ps(scales, simd::hsum8(acc[g])));
+  } else {
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(scores + (g0 + g) * len, simd::hsum8(acc[g]));
+  }
 }
 
-// acc[g][0, 64) += sum_j p_g[j] v_j[i, i + 64) over `run` values (`row` elements apart), for query heads
-// [g0, g0 + G): each 16 dims of a value are loaded and widened once for the G heads.
+// acc[g][0, 64) += sum_j p_g[j] v_j[i, i + 64) over `run` values (`row` elements apart; an int8 row's scale
+// multiplies its probabilities), for query heads [g0, g0 + G): each 16 dims of a value are loaded and widened
+// once for the G heads.
 template <int G, typename T>
 inline void values_of_run(const float* p, int64_t len, const T* v, int64_t run, int64_t d, int64_t row, int64_t i,
                           int64_t g0, float* acc) {
@@ -72,8 +99,9 @@ inline void values_of_run(const float* p, int64_t len, const T* v, int64_t run, 
   for (int64_t j = 0; j < run; ++j) {
     __m512 vv[4];
     for (int c = 0; c < 4; ++c) vv[c] = simd::load16(v + j * row + i + 16 * c);
+    const float scale = kv_rows::scale(v + j * row, d);
     for (int g = 0; g < G; ++g) {
-      const __m512 w = _mm512_set1_ps(p[(g0 + g) * len + j]);
+      const __m512 w = _mm512_set1_ps(kv_rows::kQuantized<T> ? p[(g0 + g) * len + j] * scale : p[(g0 + g) * len + j]);
       for (int c = 0; c < 4; ++c) a[g][c] = _mm512_fmadd_ps(w, vv[c], a[g][c]);
     }
   }
@@ -95,7 +123,7 @@ inline void in_threes(int64_t group, Fn&& fn) {
 template <typename T>
 void span_scores(const float* q, const T* keys, const T* values, const int64_t* table, const Geometry& geo,
                  int64_t begin, int64_t end, float* scores) {
-  const int64_t d = geo.head_dim, row = geo.row, len = end - begin, block_elems = geo.block_size * row;
+  const int64_t d = geo.head_dim, row = geo.row_of<T>(), len = end - begin, block_elems = geo.block_size * row;
   for (int64_t t = begin; t < end;) {
     const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
     const int64_t block = t / geo.block_size, offset = (table[block] * geo.block_size + in_block) * row;
@@ -121,39 +149,30 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
             const __m256 qv = _mm256_loadu_ps(q + g * d + i);
             for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, simd::load8(k + (j + u) * row + i), acc[u]);
           }
-          _mm256_storeu_ps(out + g * len + j, simd::hsum8(acc));
+          __m256 sums = simd::hsum8(acc);
+          if constexpr (kv_rows::kQuantized<T>) sums = _mm256_mul_ps(scales_of_8_rows(k + j * row, d, row), sums);
+          _mm256_storeu_ps(out + g * len + j, sums);
         }
 #endif
     for (; j < run; ++j)
       for (int64_t g = 0; g < geo.group; ++g) {
         float acc = 0.f;
         for (int64_t i = 0; i < d; ++i) acc += q[g * d + i] * simd::to_float(k[j * row + i]);
-        out[g * len + j] = acc;
-      }
-    if constexpr (kv_rows::kQuantized<T>)
-      for (j = 0; j < run; ++j) {
-        const float s = kv_rows::scale(k + j * row, d);
-        for (int64_t g = 0; g < geo.group; ++g) out[g * len + j] *= s;
+        out[g * len + j] = kv_rows::kQuantized<T> ? acc * kv_rows::scale(k + j * row, d) : acc;
       }
     t += run;
   }
 }
 
-// acc[g] = sum_t p[g][t] * v_t over the span (acc zeroed here). Under an int8 cache p becomes p x each value's
-// scale (the softmax sums were taken before).
+// acc[g] = sum_t p[g][t] * v_t over the span (acc zeroed here); an int8 row's scale multiplies its p.
 template <typename T>
-void span_values(float* p, const T* values, const int64_t* table, const Geometry& geo, int64_t begin,
+void span_values(const float* p, const T* values, const int64_t* table, const Geometry& geo, int64_t begin,
                  int64_t end, float* acc) {
-  const int64_t d = geo.head_dim, row = geo.row, len = end - begin;
+  const int64_t d = geo.head_dim, row = geo.row_of<T>(), len = end - begin;
   std::fill(acc, acc + geo.group * d, 0.f);
   for (int64_t t = begin; t < end;) {
     const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
     const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * row;
-    if constexpr (kv_rows::kQuantized<T>)
-      for (int64_t j = 0; j < run; ++j) {
-        const float s = kv_rows::scale(v + j * row, d);
-        for (int64_t g = 0; g < geo.group; ++g) p[g * len + (t - begin) + j] *= s;
-      }
 #ifdef TRITONLLM_AVX512
     if constexpr (simd::kVectorLoad<T>)
       if (d % 64 == 0) {
@@ -175,8 +194,8 @@ void span_values(float* p, const T* values, const int64_t* table, const Geometry
         __m256 a0 = _mm256_loadu_ps(out + i), a1 = _mm256_loadu_ps(out + i + 8);
         __m256 a2 = _mm256_loadu_ps(out + i + 16), a3 = _mm256_loadu_ps(out + i + 24);
         for (int64_t j = 0; j < run; ++j) {
-          const __m256 w = _mm256_set1_ps(pg[j]);
           const T* r = v + j * row + i;
+          const __m256 w = _mm256_set1_ps(kv_rows::kQuantized<T> ? pg[j] * kv_rows::scale(v + j * row, d) : pg[j]);
           a0 = _mm256_fmadd_ps(w, simd::load8(r), a0);
           a1 = _mm256_fmadd_ps(w, simd::load8(r + 8), a1);
           a2 = _mm256_fmadd_ps(w, simd::load8(r + 16), a2);
@@ -190,7 +209,8 @@ void span_values(float* p, const T* values, const int64_t* table, const Geometry
 #endif
       for (; i < d; ++i) {
         float a = out[i];
-        for (int64_t j = 0; j < run; ++j) a += pg[j] * simd::to_float(v[j * row + i]);
+        for (int64_t j = 0; j < run; ++j)
+          a += (kv_rows::kQuantized<T> ? pg[j] * kv_rows::scale(v + j * row, d) : pg[j]) * simd::to_float(v[j * row + i]);
         out[i] = a;
       }
     }
