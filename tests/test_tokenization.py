@@ -43,7 +43,8 @@ def test_chat_template_prompt(smollm2_dir: Path) -> None:
     assert "Hi there" in text and text.rstrip().endswith("assistant")
 
 
-def test_cli_generate_streams_text(tiny_llama_dir: Path) -> None:
+@pytest.mark.parametrize("options", [[], ["--kv-cache-dtype", "int8"]], ids=["defaults", "int8-kv"])
+def test_cli_generate_streams_text(tiny_llama_dir: Path, options: list[str]) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -57,6 +58,7 @@ def test_cli_generate_streams_text(tiny_llama_dir: Path) -> None:
         "8",
         "--threads",
         "1",
+        *options,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

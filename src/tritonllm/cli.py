@@ -10,7 +10,7 @@ import uuid
 
 from tritonllm.engine import EngineConfig, SamplingParams
 from tritonllm.engine.serving import ServingEngine
-from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS
+from tritonllm.precision import DTYPES, ENGINE_QUANTIZATIONS, KV_CACHE_DTYPES
 from tritonllm.tokenization import IncrementalDetokenizer, encode_prompt, load_tokenizer
 
 
@@ -29,6 +29,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="default: the fastest for this machine"
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="default auto: as built, else the compute dtype (bf16 under int8/int4); int8: a scale per row",
     )
     parser.add_argument("--threads", type=int, help="CPU threads (default: the cores available)")
 
@@ -76,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     path = model_path_or_default(args.model)
     tokenizer = load_tokenizer(path)
     engine = ServingEngine(
-        EngineConfig(model=path, dtype=args.dtype, quantization=args.quantization, num_threads=args.threads)
+        EngineConfig(
+            model=path,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
+            num_threads=args.threads,
+        )
     )
     params = SamplingParams(
         max_tokens=args.max_tokens,
