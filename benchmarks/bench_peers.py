@@ -12,6 +12,8 @@ workloads, then stops (always, also on error or Ctrl-C), then the next starts:
   b1x      (with --interleave-b1 N) batch 1 again, 128/128, but with every server up at once and one
            request to each in turn, N rounds: this machine's speed drifts over minutes, which the
            one-server-after-another runs above fold into their ratios; here it hits every server alike
+  c32x     (with --interleave-c32 N) 32 at once again, 128/128, interleaved the same way: N rounds of a
+           fresh burst of 32 to each server in turn (tok/s: the median of the rounds)
 
 Servers: `tritonllm` (`.venv/bin/tritonllm launch`, gRPC streaming into `tensorrt_llm`; once per
 --tritonllm-args), `llama-bf16`, `llama-q8_0` and `llama-q4_0` (llama-server on GGUFs converted from the
@@ -52,13 +54,16 @@ from peers import install, servers
 from peers.plot import figure
 from peers.report import cpu_info, markdown
 from peers.workloads import (
+    INTERLEAVED_ROUND_SIZE,
     RequestSpec,
     Scale,
     Workload,
     interleaved_b1,
+    interleaved_c32,
     make_workloads,
     run_workload,
     summarise,
+    summarise_rounds,
 )
 
 from tritonllm.default_model import model_path_or_default
@@ -195,28 +200,39 @@ def measure(peer: servers.Peer, workloads: list[Workload], ready_timeout_s: floa
     log(f"{label}: stopped")
 
 
-def measure_interleaved(peers: list[servers.Peer], b1x: Workload, ready_timeout_s: float, run: Run) -> None:
-    """Every server up at once (idle ones sleep), warmed up; then each of b1x's requests goes to every
-    server in turn, the order rotated per request. Summarised like b1 (median decode rate)."""
-    results: dict[str, list] = {}
+def measure_interleaved(
+    peers: list[servers.Peer], interleaved: list[Workload], ready_timeout_s: float, run: Run
+) -> None:
+    """Every server up at once (idle ones sleep), warmed up; then each round of each workload (one request
+    of b1x, a burst of 32 of c32x) goes to every server in turn, the order rotated per round. b1x is
+    summarised like b1 (median decode rate), c32x by the median of its rounds' rates."""
+    results: dict[str, dict[str, list]] = {}
     with contextlib.ExitStack() as stack:
         for peer in peers:
             label = peer.server.label
             run.weights[label] = peer.server.weights
-            log(f"{label}: starting for {b1x.name}")
+            log(f"{label}: starting for {', '.join(w.name for w in interleaved)}")
             stack.enter_context(peer.server.running(ready_timeout_s))
             run_workload(warmup(), peer.stream)
-            results[label] = []
-        log(f"{b1x.name}: {len(b1x.requests)} rounds over {len(peers)} servers")
-        for i, spec in enumerate(b1x.requests):
-            for peer in peers[i % len(peers) :] + peers[: i % len(peers)]:
-                one = Workload(b1x.name, b1x.title, (spec,), sequential=True)
-                results[peer.server.label] += run_workload(one, peer.stream)
-    for label, label_results in results.items():
-        s = summarise(label_results, sequential=True)
-        run.summaries.setdefault(label, {})[b1x.name] = s
-        run.raw.setdefault(label, {})[b1x.name] = [dataclasses.asdict(r) for r in label_results]
-        log(f"{label}: {b1x.name}: {s['out_tok_s'] or 0:.1f} tok/s, errors {s['errors']}")
+            results[label] = {w.name: [] for w in interleaved}
+        for workload in interleaved:
+            size = INTERLEAVED_ROUND_SIZE[workload.name]
+            rounds = [workload.requests[i : i + size] for i in range(0, len(workload.requests), size)]
+            log(f"{workload.name}: {len(rounds)} rounds over {len(peers)} servers")
+            for i, specs in enumerate(rounds):
+                for peer in peers[i % len(peers) :] + peers[: i % len(peers)]:
+                    one = Workload(workload.name, workload.title, specs, sequential=workload.sequential)
+                    done = run_workload(one, peer.stream)
+                    for result in done:
+                        result.round = i
+                    results[peer.server.label][workload.name] += done
+    for label, per_workload in results.items():
+        for workload in interleaved:
+            done = per_workload[workload.name]
+            s = summarise(done, sequential=True) if workload.sequential else summarise_rounds(done)
+            run.summaries.setdefault(label, {})[workload.name] = s
+            run.raw.setdefault(label, {})[workload.name] = [dataclasses.asdict(r) for r in done]
+            log(f"{label}: {workload.name}: {s['out_tok_s'] or 0:.1f} tok/s, errors {s['errors']}")
 
 
 def git_commit() -> str:
@@ -254,6 +270,14 @@ def parse_args() -> argparse.Namespace:
         metavar="N",
         help="after the workloads, N rounds of the b1x workload: all servers up at once, one batch-1 "
         "request to each in turn (default 0: not run)",
+    )
+    parser.add_argument(
+        "--interleave-c32",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the workloads (and b1x), N rounds of the c32x workload: all servers up at once, a "
+        "burst of 32 requests to each in turn (default 0: not run)",
     )
     parser.add_argument(
         "--quick",
@@ -332,8 +356,12 @@ def main() -> int:
     }
     log(f"CPU {meta['cpu_model']} flags {meta['cpu_flags']}; load average {meta['load_before']}")
 
-    b1x = interleaved_b1(vocab_size, args.seed, scale, args.interleave_b1) if args.interleave_b1 else None
-    titles = {w.name: w.title for w in workloads + ([b1x] if b1x else [])}
+    interleaved = (
+        [interleaved_b1(vocab_size, args.seed, scale, args.interleave_b1)] if args.interleave_b1 else []
+    )
+    if args.interleave_c32:
+        interleaved.append(interleaved_c32(vocab_size, args.seed, scale, args.interleave_c32))
+    titles = {w.name: w.title for w in workloads + interleaved}
     run = Run(meta, titles, out, args.name, raw_dir)
     try:
         plan = build_peers(args, model_dir, raw_dir)
@@ -345,12 +373,13 @@ def main() -> int:
                 run.failures[name] = f"{type(exc).__name__}: {exc}"
                 log(f"{name}: FAILED: {run.failures[name]}")
             run.write()
-        if b1x is not None:
+        if interleaved:
             try:
-                measure_interleaved([factory() for _, factory in plan], b1x, args.ready_timeout, run)
+                measure_interleaved([factory() for _, factory in plan], interleaved, args.ready_timeout, run)
             except Exception as exc:  # keep the per-server figures
-                run.failures[b1x.name] = f"{type(exc).__name__}: {exc}"
-                log(f"{b1x.name}: FAILED: {run.failures[b1x.name]}")
+                name = "+".join(w.name for w in interleaved)
+                run.failures[name] = f"{type(exc).__name__}: {exc}"
+                log(f"{name}: FAILED: {run.failures[name]}")
     finally:  # also on Ctrl-C / SIGTERM: keep what was measured
         print(run.write())
     log(f"wrote {out / args.name}.md, .json, .png and {raw_dir}")

@@ -13,7 +13,16 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_peers.py"
 sys.path.insert(0, str(BENCH.parent))
 
 from peers.report import llama_counterpart, markdown, ratios  # noqa: E402
-from peers.workloads import FIRST_ORDINARY_ID, RequestResult, Scale, make_workloads, summarise  # noqa: E402
+from peers.workloads import (  # noqa: E402
+    FIRST_ORDINARY_ID,
+    INTERLEAVED_ROUND_SIZE,
+    RequestResult,
+    Scale,
+    interleaved_c32,
+    make_workloads,
+    summarise,
+    summarise_rounds,
+)
 
 VOCAB = 49152
 
@@ -174,3 +183,24 @@ def test_plot_draws_every_server_and_recomputes_summaries_from_raw(tmp_path: Pat
     interleaved = {"tritonllm": {"b1x": one}, "llama-q8_0": {"b1x": one}}
     throughput, ttft, itl = draw({"summaries": interleaved}).axes
     assert len(throughput.patches) == 2 and not ttft.axison and not itl.axison
+
+
+def test_interleaved_bursts_count_each_round_over_its_own_wall_time() -> None:
+    """c32x: a round's rate is its tokens over its own wall time (not the time other servers had their turn
+    in between: every round starts its clock at 0), the median of the rounds is the rate; latencies pool."""
+    rounds = [
+        [
+            RequestResult(0.0, 2, [(0.5, 1), (1.0, 1)], round=0),
+            RequestResult(0.0, 2, [(0.5, 1), (1.0, 1)], round=0),
+        ],
+        [RequestResult(0.0, 2, [(1.0, 1), (2.0, 1)], round=1)],  # 1 tok/s
+        [RequestResult(0.0, 3, [(0.5, 3)], round=2), RequestResult(0.0, 3, [(0.5, 3)], round=2)],  # 12 tok/s
+    ]
+    results = [r for burst in rounds for r in burst]
+    summary = summarise_rounds(results)
+    assert summary["out_tok_s"] == pytest.approx(4.0)  # rounds at 4, 1 and 12 tok/s
+    assert summarise(results, sequential=False)["out_tok_s"] == pytest.approx(12 / 2.0)  # what pooling gives
+    assert summary["requests"] == 5 and summary["ttft_p95_ms"] == summarise(results, False)["ttft_p95_ms"]
+    workload = interleaved_c32(vocab_size=1000, seed=0, scale=Scale(), rounds=3)
+    assert len(workload.requests) == 3 * INTERLEAVED_ROUND_SIZE["c32x"] and not workload.sequential
+    assert {(len(r.prompt_ids), r.max_tokens) for r in workload.requests} == {(128, 128)}

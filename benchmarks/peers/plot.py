@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `peers` importable
 from peers.report import Summaries  # noqa: E402
-from peers.workloads import RequestResult, summarise  # noqa: E402
+from peers.workloads import RequestResult, summarise, summarise_rounds  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ PANELS = (
         "Throughput (batch 1: decode rate)",
         "output tokens/s (higher is better)",
         {"b1": "1 request", "b1x": "1 request, interleaved", "c8": "8 at once", "c32": "32 at once",
-         "mixed": "64 mixed", "poisson": "Poisson"},
+         "c32x": "32 at once, interleaved", "mixed": "64 mixed", "poisson": "Poisson"},
         (("out_tok_s", ""),),
     ),
     Panel(
@@ -153,10 +153,9 @@ def resummarise(result: dict[str, Any], raw: dict[str, dict[str, list[dict]]]) -
     """The result with each server's summaries recomputed from its raw requests (`requests.json`)."""
     summaries = {
         server: {
-            name: summarise(
-                [RequestResult(**r) for r in rs],
-                sequential=name in ("b1", "b1x"),
-            )
+            name: summarise_rounds([RequestResult(**r) for r in rs])
+            if name == "c32x"
+            else summarise([RequestResult(**r) for r in rs], sequential=name in ("b1", "b1x"))
             for name, rs in per_workload.items()
         }
         for server, per_workload in raw.items()

@@ -42,12 +42,14 @@ class Workload:
 
 @dataclass
 class RequestResult:
-    """Times in seconds from the workload's start; `chunks` holds (arrival time, tokens in that chunk)."""
+    """Times in seconds from the workload's start; `chunks` holds (arrival time, tokens in that chunk);
+    `round`: which burst of an interleaved workload (summarise_rounds), else 0."""
 
     sent_s: float
     max_tokens: int
     chunks: list[tuple[float, int]] = field(default_factory=list)
     error: str | None = None
+    round: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -135,6 +137,19 @@ def interleaved_b1(vocab_size: int, seed: int, scale: Scale, rounds: int) -> Wor
     return Workload("b1x", title, _burst(rng, vocab_size, rounds, n, n), sequential=True)
 
 
+def interleaved_c32(vocab_size: int, seed: int, scale: Scale, rounds: int) -> Workload:
+    """c32's shape with its own prompts, a burst of 32 per round; bench_peers sends each burst to every
+    server in turn (INTERLEAVED_ROUND_SIZE)."""
+    n = scale.fixed_len
+    rng = np.random.default_rng([seed, 7])
+    title = f"32 at once {n}/{n}, servers interleaved"
+    return Workload("c32x", title, _burst(rng, vocab_size, 32 * rounds, n, n))
+
+
+# Requests a round of each interleaved workload sends to one server before the next server's turn.
+INTERLEAVED_ROUND_SIZE = {"b1x": 1, "c32x": 32}
+
+
 def run_workload(workload: Workload, stream: StreamFn) -> list[RequestResult]:
     """Send every request of the workload on its schedule (the stream function bounds each wait)."""
     start = time.perf_counter()
@@ -211,4 +226,15 @@ def summarise(results: list[RequestResult], sequential: bool) -> dict[str, float
         "itl_p99_ms": _pct(gaps, 99),
         "itl_max_ms": max(gaps, default=None),
         "first_error": next((r.error for r in results if r.error), None),
+    }
+
+
+def summarise_rounds(results: list[RequestResult]) -> dict[str, float | int | bool | None]:
+    """A burst workload run in rounds between other servers' turns: latencies over every request, and
+    output tok/s the median of the rounds' rates (each over its own wall time)."""
+    rounds = sorted({r.round for r in results})
+    rates = [summarise([r for r in results if r.round == k], sequential=False)["out_tok_s"] for k in rounds]
+    measured = [rate for rate in rates if rate is not None]
+    return summarise(results, sequential=False) | {
+        "out_tok_s": statistics.median(measured) if measured else None
     }
