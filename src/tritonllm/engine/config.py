@@ -70,9 +70,8 @@ class EngineConfig:
     model: str
     dtype: str = "float32"  # the reference HF matches token for token; "auto": the fastest (auto_dtype)
     device: str = "cpu"
-    kv_cache_dtype: str = (
-        "auto"  # as built, else auto_kv_cache_dtype; int8 rows (model/kv_rows.py): half bf16's bytes
-    )
+    # "auto": as built, else auto_kv_cache_dtype; "int8": rows with a scale each (model/kv_rows.py)
+    kv_cache_dtype: str = "auto"
     quantization: str | None = None  # None: as built (an engine directory), else "none"; "auto": see below
     tokens_per_block: int = 16
     num_kv_blocks: int | None = None
