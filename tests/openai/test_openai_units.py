@@ -945,3 +945,48 @@ def test_a_token_id_model_without_context_ids_is_refused_clearly(tiny_llama_dir:
         asyncio.run(generate())
     message = str(info.value)
     assert info.value.status == 500 and "output_context_ids" in message and "tensorrt_llm_bls" in message
+
+
+def test_an_error_response_is_raised_after_the_stream_is_read_to_its_end() -> None:
+    """After an error response (a busy rejection) the server still sends the stream's end. Leaving the call
+    at the error cancels it while Triton 2.51 is finishing the stream: its handler then waited for a
+    cancellation that never came and held the model, so a later unload waited out the drain deadline."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    error = service_pb2.ModelStreamInferResponse(error_message="the engine is busy (max_waiting reached)")
+    final = service_pb2.ModelStreamInferResponse()
+    final.infer_response.parameters["triton_final_response"].bool_param = True
+
+    class Call:
+        def __init__(self) -> None:
+            self.responses = [error, final]
+            self.cancelled_with_unread: list[int] = []
+
+        async def write(self, request: object) -> None:
+            pass
+
+        async def done_writing(self) -> None:
+            pass
+
+        async def read(self) -> object:
+            return self.responses.pop(0) if self.responses else grpc.aio.EOF
+
+        def cancel(self) -> None:
+            self.cancelled_with_unread.append(len(self.responses))
+
+    call = Call()
+
+    async def generate() -> None:
+        backend = TritonBackend("127.0.0.1:1", "tensorrt_llm_bls", 1.0, 1.0)
+        backend._names = (frozenset({"text_input", "max_tokens"}), frozenset({"text_output"}))
+        backend._stream = lambda: call  # type: ignore[method-assign]
+        try:
+            async for _ in backend.generate({"text_input": "hi", "max_tokens": 2}, 0, "id"):
+                pass
+        finally:
+            await backend.close()
+
+    with pytest.raises(APIError, match="busy"):
+        asyncio.run(generate())
+    assert call.cancelled_with_unread == [0], "the stream was left before its end"
