@@ -49,16 +49,10 @@ inline void prefetch_block(const T* first, int64_t elements) {
 }
 
 #ifdef TRITONLLM_AVX2
-// What 8 keys' scores are multiplied by: the keys' scales for an int8 cache (one gather; `row` bytes apart),
-// else 1.
-template <typename T>
-inline __m256 scales_of_8_rows(const T* first, int64_t d, int64_t row) {
-  if constexpr (kv_rows::kQuantized<T>) {
-    const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(row)));
-    return _mm256_i32gather_ps(reinterpret_cast<const float*>(first + d), offsets, 1);
-  } else {
-    return _mm256_set1_ps(1.f);
-  }
+// The scales of 8 int8 rows `row` bytes apart (kv_rows.h), in one gather: what their keys' scores are multiplied by.
+inline __m256 scales_of_8_rows(const int8_t* first, int64_t d, int64_t row) {
+  const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(row)));
+  return _mm256_i32gather_ps(reinterpret_cast<const float*>(first + d), offsets, 1);
 }
 #endif
 

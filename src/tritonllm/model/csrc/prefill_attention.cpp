@@ -399,12 +399,14 @@ struct Bf16PairTiles {
     }
   }
   void accumulate(int64_t first, int64_t rows, const float* p, int64_t run, const float* rescale, float* acc) {
-    __m512 low = _mm512_set1_ps(1.f), high = low;
-    if constexpr (kv_rows::kQuantized<C>) low = _mm512_load_ps(value_scale), high = _mm512_load_ps(value_scale + 16);
-    for (int64_t r = first; r < rows; ++r)
-      _mm512_storeu_si512(&probs[r * kKeys / 2],
-                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(high, _mm512_loadu_ps(p + r * kKeys + 16)),
-                                                       _mm512_mul_ps(low, _mm512_loadu_ps(p + r * kKeys))));
+    for (int64_t r = first; r < rows; ++r) {
+      __m512 low = _mm512_loadu_ps(p + r * kKeys), high = _mm512_loadu_ps(p + r * kKeys + 16);
+      if constexpr (kv_rows::kQuantized<C>) {
+        low = _mm512_mul_ps(low, _mm512_load_ps(value_scale));
+        high = _mm512_mul_ps(high, _mm512_load_ps(value_scale + 16));
+      }
+      _mm512_storeu_si512(&probs[r * kKeys / 2], (__m512i)_mm512_cvtne2ps_pbh(high, low));
+    }
     const int64_t pairs = (run + 1) / 2;
     int64_t r = first;
     for (; r + kValueRows <= rows; r += kValueRows)
