@@ -66,9 +66,9 @@ def cpu_kernels(device: torch.device):
 class Bf16Linear(nn.Module):
     """y = x W^T + b with bf16 weights and fp32 accumulation; x in fp32 or bf16, y in x's dtype.
 
-    On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed), and on AMX CPUs
-    hands bf16 activations of a few tokens or more to oneDNN's GEMM; elsewhere, or without the kernel,
-    F.linear in bf16.
+    On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed), and on CPUs with
+    native bf16 (AMX, AVX512_BF16) hands bf16 activations of a dozen tokens or more to oneDNN's GEMM;
+    elsewhere, or without the kernel, F.linear in bf16.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -86,7 +86,7 @@ class Bf16Linear(nn.Module):
         return F.linear(x.to(torch.bfloat16), self.weight, bias).to(x.dtype)
 
     def onednn_bf16(self, x: torch.Tensor) -> bool:
-        """Whether the kernel hands these bf16 activations to oneDNN's GEMM (AMX CPUs; cpu_kernels.py)."""
+        """Whether the kernel hands these bf16 activations to oneDNN's GEMM (native bf16; cpu_kernels.py)."""
         threshold = self.kernels.onednn_bf16_min_tokens()
         return x.dtype == torch.bfloat16 and 0 < threshold <= x.numel() // x.shape[-1]
 
