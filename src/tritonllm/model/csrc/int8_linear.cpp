@@ -130,9 +130,10 @@ inline float hmax(__m256 v) {
 }
 
 // One whole block of 32 activations to int8 (rounded to nearest even, as the scalar path) and, where asked,
-// their absolute values (AVX2's unsigned operand); returns the block's largest magnitude.
+// their absolute values (AVX2's unsigned operand); returns the block's largest magnitude and sets `sum` to the
+// sum of its int8 values (from the int32 lanes: |values| <= 127, so packing saturates nothing).
 template <typename T>
-inline float quantize_block(const T* x, int8_t* q, int8_t* operand) {
+inline float quantize_block(const T* x, int8_t* q, int8_t* operand, int32_t& sum) {
   __m256 v[4], amax = _mm256_setzero_ps();
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int j = 0; j < 4; ++j) {
@@ -149,6 +150,10 @@ inline float quantize_block(const T* x, int8_t* q, int8_t* operand) {
       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
   if (operand != nullptr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(operand), _mm256_abs_epi8(bytes));
+  const __m256i lanes = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+  __m128i total = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+  total = _mm_add_epi32(total, _mm_unpackhi_epi64(total, total));
+  sum = _mm_cvtsi128_si32(_mm_add_epi32(total, _mm_shuffle_epi32(total, 1)));
   return largest;
 }
 #endif
@@ -156,13 +161,15 @@ inline float quantize_block(const T* x, int8_t* q, int8_t* operand) {
 // The scalar version of quantize_block, for any element type and for a block cut short (`len` < 32 inputs,
 // the rest zeros).
 template <typename T>
-float quantize_block_scalar(const T* x, int64_t len, int8_t* q, int8_t* abs_q) {
+float quantize_block_scalar(const T* x, int64_t len, int8_t* q, int8_t* abs_q, int32_t& sum) {
   float amax = 0.f;
   for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(to_float(x[i])));
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  sum = 0;
   for (int64_t i = 0; i < kBlock; ++i) {
     q[i] = i < len ? static_cast<int8_t>(std::nearbyint(to_float(x[i]) * inv)) : 0;
     if (abs_q) abs_q[i] = static_cast<int8_t>(std::abs(q[i]));
+    sum += q[i];
   }
   return amax;
 }
@@ -175,26 +182,31 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int
                    int32_t* corrections, int32_t offset) {
   const int64_t nb = kp / kBlock;
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
+    // A row's pointers in locals: int8 stores may alias anything, so pointers reached through the captures
+    // were re-read after every block.
+    const int32_t minus_offset = -offset;
+    for (int64_t r = begin; r < end; ++r) {
+      const T* in = x + r * k;
+      int8_t* q = xq + r * kp;
+      int8_t* abs_q = abs_xq ? abs_xq + r * kp : nullptr;
+      float* scales = xs + r * nb;
+      int32_t* row_corrections = corrections ? corrections + r * nb : nullptr;
       for (int64_t b = 0; b < nb; ++b) {
-        const T* in = x + r * k + b * kBlock;
-        int8_t* q = xq + r * kp + b * kBlock;
-        int8_t* abs_q = abs_xq ? abs_xq + r * kp + b * kBlock : nullptr;
         const int64_t len = std::min(kBlock, k - b * kBlock);
+        int8_t* abs_block = abs_q ? abs_q + b * kBlock : nullptr;
+        int32_t sum;
         float largest;
 #ifdef TRITONLLM_AVX2
         if constexpr (simd::kVectorLoad<T>)
-          largest = len == kBlock ? quantize_block(in, q, abs_q) : quantize_block_scalar(in, len, q, abs_q);
+          largest = len == kBlock ? quantize_block(in + b * kBlock, q + b * kBlock, abs_block, sum)
+                                  : quantize_block_scalar(in + b * kBlock, len, q + b * kBlock, abs_block, sum);
         else
 #endif
-          largest = quantize_block_scalar(in, len, q, abs_q);
-        xs[r * nb + b] = largest / 127.f;
-        if (corrections) {
-          int32_t sum = 0;
-          for (int64_t i = 0; i < kBlock; ++i) sum += q[i];
-          corrections[r * nb + b] = -offset * sum;
-        }
+          largest = quantize_block_scalar(in + b * kBlock, len, q + b * kBlock, abs_block, sum);
+        scales[b] = largest / 127.f;
+        if (row_corrections) row_corrections[b] = minus_offset * sum;
       }
+    }
   });
 }
 
