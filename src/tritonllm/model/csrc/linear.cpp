@@ -295,10 +295,10 @@ void bf16_linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optio
   const int64_t gemm_from = onednn_bf16_min_tokens_.load(std::memory_order_relaxed);
   if (x.scalar_type() == at::kBFloat16 && gemm_from > 0 && m >= gemm_from) return gemm_bf16_linear(x, w, bias, out);
 #ifdef TRITONLLM_AVX512_BF16
-  // bf16 activations below the GEMM's threshold take the dot tiles from 2 tokens: over SmolLM2's layers they beat
-  // the fp32 expansion 2.2x at 16 tokens, 1.75x at 32 and 1.3x at 128 (2 threads). One token is memory-bound: there they
-  // were no faster than the AVX2 tile on 2 threads (0.87-1.22x over four runs on a Zen 5 host, served batch 1
-  // 0.88 vs 1.12 of llama.cpp's speed), so it keeps the AVX2 tile.
+  // bf16 activations below the GEMM's threshold take the dot tiles from 2 tokens: over SmolLM2's layers they
+  // beat the fp32 expansion 2.2x at 16 tokens, 1.75x at 32 and 1.3x at 128 (2 threads). One token is
+  // memory-bound: there they were no faster than the AVX2 tile on 2 threads (0.87-1.22x over four runs on a
+  // Zen 5 host, served batch 1 0.88 vs 1.12 of llama.cpp's speed), so it keeps the AVX2 tile.
   if (x.scalar_type() == at::kBFloat16 && m > 1) return bf16_dot_linear(x, w, bias, out);
 #endif
   if (m > kSmallBatch) return wide_linear(x, w, bias, out);
