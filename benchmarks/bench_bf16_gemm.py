@@ -117,7 +117,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", help="HF folder (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--tokens", default="1,4,8,12,16,32,128,512", help="linears: tokens per call")
+    parser.add_argument("--tokens", default="1,4,8,16,32,64,128,256,512", help="linears: tokens per call")
     parser.add_argument(
         "--shapes", type=shapes, default="1x128,8x128,32x128,16x512", help="engine: sequences x prompt"
     )

@@ -269,25 +269,25 @@ def test_bf16_activations_from_the_threshold_take_the_gemm_with_the_kernels_answ
 
 
 @pytest.mark.parametrize(
-    ("flags", "native"),
+    ("flags", "threshold"),
     [
-        (["avx2", "fma"], False),
-        (["avx2", "avx512_vnni"], False),
-        (["avx512_bf16"], True),
-        (["amx_bf16"], True),
+        (["avx2", "fma"], 0),
+        (["avx2", "avx512_vnni"], 0),
+        (["avx512_bf16", "avx512_vnni"], 128),
+        (["amx_bf16", "avx512_bf16"], 16),
     ],
 )
 def test_the_gemm_threshold_follows_native_bf16_unless_set(
-    monkeypatch: pytest.MonkeyPatch, flags: list[str], native: bool
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], threshold: int
 ) -> None:
-    """oneDNN's bf16 GEMM only where the CPU multiplies bf16 natively: elsewhere it converts, and the kernels
-    were 1.8-3.7x faster (cpu_kernels.py)."""
+    """oneDNN's bf16 GEMM only where the CPU multiplies bf16 natively (elsewhere it converts, and the kernels
+    were 1.8-3.7x faster), from fewer tokens with AMX than with AVX512_BF16 alone (cpu_kernels.py)."""
     from tritonllm.model import cpu_kernels
 
     monkeypatch.delenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", raising=False)
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    assert cpu_kernels.onednn_bf16_min_tokens() == (cpu_kernels.ONEDNN_BF16_MIN_TOKENS if native else 0)
+    assert cpu_kernels.onednn_bf16_min_tokens() == threshold
     monkeypatch.setenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", "0")
     assert cpu_kernels.onednn_bf16_min_tokens() == 0
     monkeypatch.setenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", "many")

@@ -4,9 +4,9 @@ One build per instruction set, chosen at run time from the CPU's capability and 
 `-march=native`: a cache or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|
 avx512_vnni|avx512_bf16` forces a variant (the tests use it for the portable path);
 `TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch (attention) or to dequantized
-weights (linears). On CPUs with native bf16 dot products (AVX512_BF16 or AMX), bf16 linears from
-`ONEDNN_BF16_MIN_TOKENS` tokens on run oneDNN's GEMM (`TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N` sets the threshold
-anywhere, 0 turns it off).
+weights (linears). On CPUs with native bf16 dot products (AMX or AVX512_BF16), bf16 linears from
+`ONEDNN_BF16_MIN_TOKENS` tokens on (16 with AMX, 128 without) run oneDNN's GEMM
+(`TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N` sets the threshold anywhere, 0 turns it off).
 """
 
 from __future__ import annotations
@@ -82,30 +82,27 @@ def selected_isa() -> str:
     return supported_isas()[0]
 
 
-# oneDNN's bf16 GEMM, on AMX tiles or AVX512_BF16's vdpbf16ps, beats the kernels from about a dozen tokens.
-# Over SmolLM2's layers on a Xeon with AMX (bench_kernels.py, 1 thread) it took 35 ms at 32 tokens, 56 at 128
-# and 146 at 512 against the kernel's 137, 508 and 1961 on fp32 activations; on a Zen 4 EPYC (AVX512_BF16, no
-# AMX; 2 threads, bf16 activations, benchmarks/README.md) 22.7 / 30.6 / 80 / 273 ms at 16 / 32 / 128 / 512
-# tokens against 26.1 / 48.9 / 184 / 735, and 21.0 vs 20.9 at 12. Fewer tokens stay with the kernel (1 token:
-# 7.2 vs 15.5 ms on the Zen 4). Without native bf16 (AVX2, or AVX-512 before BF16) oneDNN converts, and the
-# kernels were 1.8-3.7x faster from 8 tokens on (the Zen 4 with oneDNN capped at those instruction sets).
-ONEDNN_BF16_MIN_TOKENS = 16
+# From how many tokens bf16 linears take oneDNN's GEMM, by the CPU's native bf16 (AMX first: its CPUs have
+# AVX512_BF16 too). On a Xeon with AMX (bench_kernels.py, 1 thread) the GEMM took 35 ms over SmolLM2's layers
+# at 32 tokens, 56 at 128 and 146 at 512 against the kernel's 137, 508 and 1961 on fp32 activations. On a Zen
+# 4 EPYC (AVX512_BF16, no AMX; bench_bf16_gemm.py, 2 threads, bf16 activations) the kernel's 4 x 4 dot tiles
+# took 0.53-0.73 of the GEMM's time at 16-64 tokens, about the same at 96-192 and 1.06-1.14x at 256-512.
+# Without native bf16 (AVX2, or AVX-512 before BF16) oneDNN converts, and the kernels were 1.8-3.7x faster
+# from 8 tokens on (the Zen 4 with oneDNN capped at those instruction sets): no GEMM there.
+ONEDNN_BF16_MIN_TOKENS = {"amx_bf16": 16, "avx512_bf16": 128}
 
 
 def onednn_bf16_min_tokens() -> int:
-    """From how many tokens bf16 linears take oneDNN's GEMM: ONEDNN_BF16_MIN_TOKENS on native bf16, else 0."""
+    """From how many tokens bf16 linears take oneDNN's GEMM here (ONEDNN_BF16_MIN_TOKENS), 0 for never."""
     forced = os.environ.get("TRITONLLM_ONEDNN_BF16_MIN_TOKENS")
     if forced is not None:
         if not forced.isdigit():
             raise RuntimeError(f"TRITONLLM_ONEDNN_BF16_MIN_TOKENS={forced}: a number of tokens, 0 for never")
         return int(forced)
-    return ONEDNN_BF16_MIN_TOKENS if native_bf16_gemm() else 0
-
-
-def native_bf16_gemm() -> bool:
-    """Whether oneDNN's bf16 GEMM runs on native bf16 dot products here (AMX tiles or AVX512_BF16)."""
-    native = {"amx_bf16", "avx512_bf16"} & set(cpu_flags())
-    return bool(native) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return 0
+    flags = set(cpu_flags())
+    return next((tokens for flag, tokens in ONEDNN_BF16_MIN_TOKENS.items() if flag in flags), 0)
 
 
 BUILD_WAIT_S = 900.0  # another process's build of the same variant: a few minutes on a busy 2-core machine

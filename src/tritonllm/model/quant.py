@@ -67,8 +67,8 @@ class Bf16Linear(nn.Module):
     """y = x W^T + b with bf16 weights and fp32 accumulation; x in fp32 or bf16, y in x's dtype.
 
     On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed), and on CPUs with
-    native bf16 (AMX, AVX512_BF16) hands bf16 activations of a dozen tokens or more to oneDNN's GEMM;
-    elsewhere, or without the kernel, F.linear in bf16.
+    native bf16 (AMX, AVX512_BF16) hands bf16 activations from a number of tokens on (cpu_kernels.py) to
+    oneDNN's GEMM; elsewhere, or without the kernel, F.linear in bf16.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
