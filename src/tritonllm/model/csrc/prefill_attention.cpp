@@ -246,7 +246,7 @@ struct Fp32Tiles {
 };
 
 #ifdef TRITONLLM_AVX512_BF16
-inline __m512bh as_bf16(__m512i v) { return (__m512bh)v; }
+using simd::as_bf16;
 
 // vpermt2w indices that interleave two rows of 32 bf16 lane by lane (index i < 32 picks lane i of the first row,
 // 32 + i lane i of the second): lanes 0-15 of each, then lanes 16-31.

@@ -94,4 +94,8 @@ inline __m256 hsum8(const __m512* a) {
 }
 #endif
 
+#ifdef TRITONLLM_AVX512_BF16
+inline __m512bh as_bf16(__m512i v) { return (__m512bh)v; }  // 32 bf16 lanes, as vdpbf16ps takes them
+#endif
+
 }  // namespace simd
