@@ -99,9 +99,9 @@ def as_fp32(cache: torch.Tensor) -> torch.Tensor:
 
 
 def decode_tolerance(isa: str, dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> float:
-    """How far decode attention may be from the fp32 reference: fp32's rounding, except where it rounds to bf16:
-    bf16 queries and outputs, and the avx512_bf16 build's vdpbf16ps path over a bf16 cache at head sizes 64
-    and 128 (probabilities rounded to bf16: ~2e-4 from the reference over 1,000 keys)."""
+    """How far decode attention may be from the fp32 reference: fp32's rounding, except where it rounds to
+    bf16: bf16 queries and outputs, and the avx512_bf16 build's vdpbf16ps path over a bf16 cache at head sizes
+    64 and 128 (probabilities rounded to bf16: ~2e-4 from the reference over 1,000 keys)."""
     if dtype == torch.bfloat16:
         return 2e-2
     if isa == "avx512_bf16" and cache_dtype == torch.bfloat16 and head_dim in (64, 128):
