@@ -5,6 +5,8 @@
 // the spans of a (sequence, kv head) exactly (the log-sum-exp rescaling of flash-decoding).
 // An int8 cache (kv_rows.h) is read as its int8 values: each key's scale multiplies its scores, each value's
 // its probabilities, so the dot products are those of the float caches.
+// A bf16 cache on AVX512_BF16 CPUs (head sizes 64 and 128) takes decode_bf16.h's vdpbf16ps paths instead of
+// widening its values for fp32 FMAs.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
@@ -42,8 +44,8 @@ struct Geometry {
   }
 };
 
-// Blocks sit anywhere in the pool, so the hardware prefetcher loses the stream at each one: ask for the
-// next block's keys (and this block's values, read by the second pass) while this block is computed.
+// Blocks sit anywhere in the pool, so the hardware prefetcher loses the stream at each one: ask for the keys
+// kKeysAhead blocks ahead (and this block's values, read by the second pass) while this block is computed.
 template <typename T>
 inline void prefetch_block(const T* first, int64_t elements) {
   const char* p = reinterpret_cast<const char*>(first);
@@ -114,7 +116,6 @@ inline void in_threes(int64_t group, Fn&& fn) {
   if (group - g0 == 1) fn(std::integral_constant<int, 1>{}, g0);
 }
 #endif
-
 
 // scores[g][t - begin] = q_g . k_t for the keys of one span, reading each key once for the whole group.
 template <typename T>
