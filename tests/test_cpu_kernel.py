@@ -203,30 +203,32 @@ def test_long_contexts_split_across_threads_match_torch(
 def test_bf16_cache_at_llama_head_sizes_matches_torch(isa: str, dtype: torch.dtype, head_dim: int) -> None:
     """A bf16 cache at head sizes 64 and 128, the ones the avx512_bf16 build runs through vdpbf16ps (fp32
     queries as two bf16 parts, 16 keys a group, values two at a time): groups of fewer than 16 keys (lengths
-    not a multiple of 16), spans that start inside a block (one sequence split across threads), odd runs of
-    values, and a scale that leaves bf16 queries' low parts non-zero. The queries carry SmolLM2-like outlier
-    dims (scores ~10x), where rounding fp32 queries to one bf16 part would miss the tolerance."""
+    not a multiple of 16), spans that start inside a block (the lone 707-key sequence is cut at 354 keys on
+    one thread, 177 on two), odd runs of values, and a scale that leaves bf16 queries' low parts non-zero. The
+    queries carry SmolLM2-like outlier dims (scores ~10x), where rounding fp32 queries to one bf16 part would
+    miss the tolerance."""
     kernel = load_kernels(isa)
     gen = torch.Generator().manual_seed(2)
     kv_heads, blocks, bs, heads = 2, 80, 16, 6
     k_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
     v_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
-    lengths = torch.tensor([701, 1, 15, 17, 250])
-    tables = torch.stack([torch.randperm(blocks, generator=gen)[:45] for _ in range(len(lengths))])
-    q = torch.randn(len(lengths), heads, head_dim, generator=gen)
-    q[..., :4] *= 12
-    q = q.to(dtype)
     scale = head_dim**-0.5 * 0.9
-    expected = torch_decode_attention(q.float(), as_fp32(k_cache), as_fp32(v_cache), tables, lengths, scale)
-    for threads in (1, 2):
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, scale)
-        finally:
-            torch.set_num_threads(previous)
-        tolerance = decode_tolerance(isa, dtype, torch.bfloat16, head_dim)
-        torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+    tolerance = decode_tolerance(isa, dtype, torch.bfloat16, head_dim)
+    for lengths in (torch.tensor([707, 1, 15, 17, 250]), torch.tensor([707])):
+        tables = torch.stack([torch.randperm(blocks, generator=gen)[:45] for _ in range(len(lengths))])
+        q = torch.randn(len(lengths), heads, head_dim, generator=gen)
+        q[..., :4] *= 12
+        q = q.to(dtype)
+        keys, values = as_fp32(k_cache), as_fp32(v_cache)
+        expected = torch_decode_attention(q.float(), keys, values, tables, lengths, scale)
+        for threads in (1, 2):
+            previous = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, scale)
+            finally:
+                torch.set_num_threads(previous)
+            torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
 def test_pytorch_fallback_matches_hf(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
