@@ -107,7 +107,7 @@ def build_peers(args: argparse.Namespace, model_dir: Path, log_dir: Path) -> lis
         label = f"tritonllm {engine_args}".strip()
         weights = weights_of(engine_args, model_dir)
         return lambda: servers.tritonllm(
-            label, weights, engine_args, args.threads, log_dir, timeout, args.ready_timeout
+            label, weights, model_dir, engine_args, args.threads, log_dir, timeout, args.ready_timeout
         )
 
     def llama(outtype: str) -> Callable[[], servers.Peer]:

@@ -140,6 +140,24 @@ def test_llama_q4_0_is_a_server_choice_planned_after_q8_0(tmp_path: Path) -> Non
     assert bench_peers.weights_of("--quantization int4", tmp_path) == "int4"
 
 
+def test_tritonllm_serves_the_model_the_peers_are_given(tmp_path: Path) -> None:
+    """`--model DIR` once reached llama.cpp and vLLM only: `tritonllm launch` served the default model and
+    the table compared different models. Building the peer starts nothing."""
+    import argparse
+
+    import bench_peers
+
+    args = argparse.Namespace(
+        servers="tritonllm", tritonllm_args=[""], request_timeout=1.0, threads=2, ready_timeout=1.0,
+        llama_slots=1, llama_args="", vllm_dtype="bfloat16",
+    )  # fmt: skip
+    model_dir = tmp_path / "RandomLlama-3.2-1B"
+    [(_, factory)] = bench_peers.build_peers(args, model_dir, tmp_path)
+    command = factory().server.command
+    assert command[command.index("--model") + 1] == str(model_dir)
+    assert factory().server.process is None
+
+
 def test_an_unknown_server_stops_the_run_before_it_writes_anything(tmp_path: Path) -> None:
     """A typo in --servers once overwrote the tracked default results on the way out."""
     out = tmp_path / "results"

@@ -118,17 +118,19 @@ class Peer:
 def tritonllm(
     label: str,
     weights: str,
+    model_dir: Path,
     engine_args: str,
     threads: int,
     log_dir: Path,
     timeout_s: float,
     ready_timeout_s: float,
 ) -> Peer:
-    """`tritonllm launch` with the given engine options; requests go over gRPC into `tensorrt_llm`."""
+    """`tritonllm launch` of `model_dir` (the peers' model) with the given engine options; requests go
+    over gRPC into `tensorrt_llm`."""
     import tritonclient.grpc as grpcclient
 
     http, grpc_port, metrics = free_port(), free_port(), free_port()
-    launcher = [str(REPO / ".venv/bin/tritonllm"), "launch"]
+    launcher = [str(REPO / ".venv/bin/tritonllm"), "launch", "--model", str(model_dir)]
     options = f"--ready-timeout {ready_timeout_s} --http-port {http} --grpc-port {grpc_port} "
     options += f"--metrics-port {metrics} --threads {threads} {engine_args}"
     ready_url = f"http://127.0.0.1:{http}/v2/models/tensorrt_llm/ready"
