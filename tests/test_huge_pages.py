@@ -14,24 +14,19 @@ import torch
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
 from tritonllm.model import huge_pages
 from tritonllm.model.cpu_kernels import load_kernels
-from tritonllm.model.huge_pages import HUGE_PAGE, huge_page_bytes, huge_page_zeros
+from tritonllm.model.huge_pages import (
+    HUGE_PAGE,
+    huge_page_bytes,
+    huge_page_share,
+    huge_page_zeros,
+    smaps_fields,
+)
 from tritonllm.model.loader import load_model
 from tritonllm.model.quant import runs_on_kernels
 
 
 def mapping(address: int) -> dict[str, str]:
-    """The /proc/self/smaps fields (Rss, VmFlags, ...) of this process's mapping that holds `address`."""
-    fields: dict[str, str] | None = None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            if fields is not None:
-                return fields
-            start, end = (int(x, 16) for x in head.split("-"))
-            fields = {} if start <= address < end else None
-        elif fields is not None:
-            name, _, value = line.partition(":")
-            fields[name] = value.strip()
+    fields = smaps_fields(address)
     if fields is None:
         raise AssertionError(f"no mapping holds {address:#x}")
     return fields
@@ -129,3 +124,38 @@ def test_greedy_output_is_the_same_on_huge_pages(
         model_runner, "huge_page_zeros", lambda shape, dtype, populate: torch.zeros(shape, dtype=dtype)
     )
     assert generate() == on_huge_pages and len(on_huge_pages) == 24
+
+
+def test_huge_page_share_reads_the_mapping_that_holds_the_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsed from /proc/self/smaps: the fields of the mapping holding the address, not its neighbours'."""
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        "1000-2000 rw-p 00000000 00:00 0\nRss:  4 kB\nAnonHugePages:  0 kB\n"
+        "400000-c00000 rw-p 00000000 00:00 0\nRss:  8192 kB\nAnonHugePages:  6144 kB\nVmFlags: rd wr hg\n"
+        "c00000-c01000 rw-p 00000000 00:00 0\nRss:  4 kB\nAnonHugePages:  0 kB\n"
+    )
+    monkeypatch.setattr(huge_pages, "Path", lambda _: smaps)
+    inside = SimpleNamespace(data_ptr=lambda: 0x800000)
+    assert huge_page_share(inside) == pytest.approx(0.75)
+    assert smaps_fields(0x800000)["VmFlags"] == "rd wr hg"
+    assert huge_page_share(SimpleNamespace(data_ptr=lambda: 0x1000)) == 0.0
+    assert huge_page_share(SimpleNamespace(data_ptr=lambda: 0xF00000)) is None  # no mapping holds it
+    monkeypatch.setattr(huge_pages, "Path", lambda _: tmp_path / "absent")
+    assert huge_page_share(inside) is None  # not Linux
+
+
+@pytest.mark.skipif(load_kernels() is None, reason="needs the CPU kernels")
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_the_engine_logs_how_much_of_its_streamed_weights_sits_on_huge_pages(
+    tiny_llama_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="tritonllm.engine.model_runner"):
+        LLMEngine(EngineConfig(model=str(tiny_llama_dir), quantization="int8", num_kv_blocks=8))
+        LLMEngine(
+            EngineConfig(model=str(tiny_llama_dir), num_kv_blocks=8)
+        )  # fp32: no kernel-streamed weights
+    int8, fp32 = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine:")]
+    assert "weights on 2 MB pages=" in int8 and int8.endswith("%")
+    assert "2 MB pages" not in fp32

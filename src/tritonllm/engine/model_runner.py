@@ -11,9 +11,10 @@ from tritonllm.engine.sampler import Sampler
 from tritonllm.engine.scheduler import SchedulerOutput
 from tritonllm.engine.step_inputs import StepInputs
 from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
-from tritonllm.model.huge_pages import huge_page_zeros
+from tritonllm.model.huge_pages import huge_page_share, huge_page_zeros
 from tritonllm.model.kv_rows import row_width
 from tritonllm.model.loader import TORCH_DTYPES, load_model
+from tritonllm.model.quant import runs_on_kernels
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,14 @@ def describe_kernels(device: torch.device) -> str:
     return f"cpu-{selected_isa()}{gemm} ({' '.join(cpu_flags())})"
 
 
+def streamed_weight_pages(model: torch.nn.Module) -> str:
+    """How much of the weights the CPU kernels stream sits on 2 MB pages ("" where none or unknown): the OS
+    may refuse them (fragmented memory), and batch-1 decode is then slower."""
+    streamed = next((m.weight for layer in model.layers for m in layer.linears if runs_on_kernels(m)), None)
+    share = None if streamed is None else huge_page_share(streamed)
+    return "" if share is None else f" weights on 2 MB pages={share:.0%}"
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig):
         torch.set_num_threads(config.num_threads)
@@ -41,12 +50,13 @@ class ModelRunner:
         self.model = load_model(config.model, config.dtype, config.device, config.quantization)
         self.kernels = describe_kernels(self.device)
         log.info(
-            "engine: dtype=%s quantization=%s kv cache=%s kernels=%s threads=%d",
+            "engine: dtype=%s quantization=%s kv cache=%s kernels=%s threads=%d%s",
             config.dtype,
             config.quantization,
             config.kv_cache_dtype,
             self.kernels,
             config.num_threads,
+            streamed_weight_pages(self.model),
         )
         self.args = self.model.args
         self.tokens_per_block = config.tokens_per_block

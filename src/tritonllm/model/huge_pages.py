@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -60,3 +61,34 @@ def move_weights_to_huge_pages(modules: list[nn.Module]) -> None:
     for m, offset in zip(modules, offsets, strict=True):
         w = m.weight
         m.weight = buffer[offset : offset + w.nbytes].view(w.dtype).view(w.shape).copy_(w)
+
+
+def smaps_fields(address: int) -> dict[str, str] | None:
+    """The /proc/self/smaps fields (Rss, AnonHugePages, VmFlags, ...) of the mapping that holds `address`;
+    None where the file does not exist (not Linux) or no mapping holds it."""
+    smaps = Path("/proc/self/smaps")
+    if not smaps.exists():
+        return None
+    fields: dict[str, str] | None = None
+    for line in smaps.read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            if fields is not None:
+                return fields
+            start, end = (int(x, 16) for x in head.split("-"))
+            fields = {} if start <= address < end else None
+        elif fields is not None:
+            name, _, value = line.partition(":")
+            fields[name] = value.strip()
+    return fields
+
+
+def huge_page_share(tensor: torch.Tensor) -> float | None:
+    """The share of the resident memory of `tensor`'s mapping that the OS backs with 2 MB pages (None where
+    it cannot tell). Asking is not getting: with memory fragmented (after large files were written, say) the
+    weights land on 4 KB pages and batch-1 decode slows down; the engine logs this at start."""
+    fields = smaps_fields(tensor.data_ptr())
+    if fields is None or "AnonHugePages" not in fields:
+        return None
+    resident = int(fields["Rss"].split()[0])
+    return int(fields["AnonHugePages"].split()[0]) / resident if resident else 0.0
