@@ -59,9 +59,9 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)  # HF's init: normal(0, 0.02)
     model.save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, out / name)
+    for file in TOKENIZER_FILES:
+        if (tokenizer_dir / file).exists():
+            shutil.copy(tokenizer_dir / file, out / file)
     params = sum(p.numel() for p in model.parameters())
     print(f"wrote {out}: {params / 1e9:.2f} B parameters, vocabulary {vocab} (random weights)")
 

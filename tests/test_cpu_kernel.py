@@ -3,8 +3,10 @@ CPU runs, match PyTorch, and the fallbacks are right too."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,17 @@ DTYPES = [
     (torch.bfloat16, torch.int8),
 ]
 DTYPE_IDS = ["fp32", "bf16", "fp32-bf16-cache", "fp32-int8-cache", "bf16-int8-cache"]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """ATen's thread count set to `n` for the block, restored after it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def random_cache(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -184,12 +197,8 @@ def test_long_contexts_split_across_threads_match_torch(
     v_cache = random_cache((kv_heads, blocks, bs, head_dim), cache_dtype, gen)
     tables = torch.stack([torch.randperm(blocks, generator=gen)[:63] for _ in lengths])
     q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor(lengths), 0.125)
-    finally:
-        torch.set_num_threads(previous)
     expected = torch_decode_attention(
         q.float(), as_fp32(k_cache), as_fp32(v_cache), tables, torch.tensor(lengths), 0.125
     )
@@ -214,20 +223,16 @@ def test_bf16_cache_at_llama_head_sizes_matches_torch(isa: str, dtype: torch.dty
     v_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
     scale = head_dim**-0.5 * 0.9
     tolerance = decode_tolerance(isa, dtype, torch.bfloat16, head_dim)
+    keys, values = as_fp32(k_cache), as_fp32(v_cache)
     for lengths in (torch.tensor([707, 1, 15, 17, 250]), torch.tensor([707])):
         tables = torch.stack([torch.randperm(blocks, generator=gen)[:45] for _ in range(len(lengths))])
         q = torch.randn(len(lengths), heads, head_dim, generator=gen)
         q[..., :4] *= 12
         q = q.to(dtype)
-        keys, values = as_fp32(k_cache), as_fp32(v_cache)
         expected = torch_decode_attention(q.float(), keys, values, tables, lengths, scale)
         for threads in (1, 2):
-            previous = torch.get_num_threads()
-            torch.set_num_threads(threads)
-            try:
+            with torch_threads(threads):
                 got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, scale)
-            finally:
-                torch.set_num_threads(previous)
             torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
