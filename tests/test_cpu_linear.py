@@ -21,7 +21,7 @@ from tritonllm.model.quant import (
 
 # (tokens, out_features, in_features): int8 runs its dot product two tokens at a time (eight in the
 # VNNI builds) at every size; bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
-# activations on the avx512_bf16 build: its vdpbf16ps tiles at every size).
+# activations on the avx512_bf16 build: its vdpbf16ps tiles at every size; packed weights: bf16_packed_linear).
 # out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
 # exercise the edges.
 SHAPES = [
@@ -97,6 +97,74 @@ def test_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
     torch.testing.assert_close(got.float(), x.bfloat16().float() @ w.float().T, atol=0.1, rtol=0.05)
 
 
+PACKING_ISAS = [isa for isa in supported_isas() if isa == "avx512_bf16"]
+
+
+@pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 build only")
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[2] % 2 == 0] + [(6, 16, 2), (13, 70, 98)])
+def test_packed_bf16_linear_matches_reference(shape: tuple[int, int, int]) -> None:
+    """bf16_pack's tiles of 16 rows x input pairs through vdpbf16ps: every tile (1-4 a group) and token
+    (1-6) edge, a bias, padded rows (zeros) and bf16 rounding of the fp32 sums."""
+    kernels = load_kernels("avx512_bf16")
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(m + n * k)
+    x, w = torch.randn(m, k, generator=gen).bfloat16(), torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen)
+    packed = kernels.bf16_pack(w)
+    assert packed.shape == (-(-n // 16), -(-k // 2), 32)
+    padded_bias = torch.nn.functional.pad(bias, (0, packed.shape[0] * 16 - n))
+    got = kernels.bf16_packed_linear(x, packed, padded_bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, packed.shape[0] * 16)
+    expected = x.float() @ w.float().T + bias
+    torch.testing.assert_close(got[:, :n].float(), expected, atol=0.1, rtol=0.01)
+    assert torch.equal(got[:, n:].float(), torch.zeros(m, got.shape[1] - n))
+    assert torch.equal(kernels.bf16_packed_linear(x.view(1, m, k), packed).view(m, -1), kernels.bf16_packed_linear(x, packed))
+
+
+@pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 build only")
+def test_bf16_weights_are_packed_unless_onednn_takes_them() -> None:
+    """The avx512_bf16 build packs bf16 weights for its own kernel unless bf16 activations go to oneDNN's
+    GEMM from some number of tokens (AMX CPUs), which takes row-major weights; the layer answers the same
+    either way, its padded rows dropped, in its activations' dtype."""
+    kernels = load_kernels()
+    gen = torch.Generator().manual_seed(3)
+    w, bias = torch.randn(40, 100, generator=gen), torch.randn(40, generator=gen)
+    x = torch.randn(5, 100, generator=gen).bfloat16()
+    previous = kernels.onednn_bf16_min_tokens()
+    try:
+        kernels.set_onednn_bf16_min_tokens(0)
+        packed = quant.Bf16Linear(w, bias)
+        kernels.set_onednn_bf16_min_tokens(16)
+        row_major = quant.Bf16Linear(w, bias)
+    finally:
+        kernels.set_onednn_bf16_min_tokens(previous)
+    assert packed.packed and packed.weight.shape == (3, 50, 32) and packed.bias.shape == (48,)
+    assert not row_major.packed and row_major.weight.shape == (40, 100)
+    got = packed(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 40)
+    torch.testing.assert_close(got.float(), row_major(x).float(), atol=0.05, rtol=0.01)
+    assert packed(x.float()).dtype == torch.float32
+    assert quant.kernel_tensors(packed) is None  # padded rows: the fused decode stack keeps to whole tiles
+    assert quant.kernel_tensors(quant.Bf16Linear(w[:32]))[0].shape == (2, 50, 32)
+    with pytest.raises(RuntimeError, match="activations have 98 features; the weight holds 100"):
+        kernels.bf16_packed_linear(torch.zeros(1, 98, dtype=torch.bfloat16), packed.weight)
+    with pytest.raises(RuntimeError, match="packed bf16 weights must be"):
+        kernels.bf16_packed_linear(x, w.bfloat16())
+    with pytest.raises(RuntimeError, match="take pairs of inputs; this weight has 99"):
+        kernels.bf16_pack(w[:, :99].bfloat16().contiguous())
+    assert not quant.Bf16Linear(w[:, :99]).packed  # odd inputs stay row-major
+
+
+@pytest.mark.parametrize("isa", [isa for isa in supported_isas() if isa != "avx512_bf16"])
+def test_other_builds_keep_bf16_weights_row_major(isa: str) -> None:
+    """Only vdpbf16ps runs packed bf16 weights: the other builds refuse them with a clear message."""
+    kernels = load_kernels(isa)
+    assert not kernels.packs_bf16()
+    packed = kernels.bf16_pack(torch.randn(16, 8).bfloat16())  # packing itself is portable
+    with pytest.raises(RuntimeError, match="need the avx512_bf16 build"):
+        kernels.bf16_packed_linear(torch.zeros(1, 8, dtype=torch.bfloat16), packed)
+
+
 @pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("tokens", [1, 9])
 def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) -> None:
@@ -109,6 +177,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
     x, w = torch.randn(tokens, 96, generator=gen), torch.randn(4000, 96, generator=gen)
     packed = kernels.int8_pack(*quantize_int8_blocks(w))
     packed4 = kernels.int4_pack(*quantize_int4_blocks(w))
+    packed_bf16 = kernels.bf16_pack(w.bfloat16()) if kernels.packs_bf16() else None
     previous = torch.get_num_threads()
     results = []
     try:
@@ -118,6 +187,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
                 [kernels.int8_linear(x, packed) for _ in range(20)]
                 + [kernels.int4_linear(x, packed4) for _ in range(20)]
                 + [kernels.bf16_linear(x, w.bfloat16()) for _ in range(20)]
+                + [kernels.bf16_packed_linear(x.bfloat16(), packed_bf16) for _ in range(20 if packed_bf16 is not None else 0)]
             )
     finally:
         torch.set_num_threads(previous)
@@ -273,15 +343,15 @@ def test_bf16_activations_from_the_threshold_take_the_gemm_with_the_kernels_answ
     [
         (["avx2", "fma"], 0),
         (["avx2", "avx512_vnni"], 0),
-        (["avx512_bf16", "avx512_vnni"], 128),
+        (["avx512_bf16", "avx512_vnni"], 0),
         (["amx_bf16", "avx512_bf16"], 16),
     ],
 )
 def test_the_gemm_threshold_follows_native_bf16_unless_set(
     monkeypatch: pytest.MonkeyPatch, flags: list[str], threshold: int
 ) -> None:
-    """oneDNN's bf16 GEMM only where the CPU multiplies bf16 natively (elsewhere it converts, and the kernels
-    were 1.8-3.7x faster), from fewer tokens with AMX than with AVX512_BF16 alone (cpu_kernels.py)."""
+    """oneDNN's bf16 GEMM only with AMX (cpu_kernels.py): without native bf16 it converts, and the kernels
+    were 1.8-3.7x faster; with AVX512_BF16 alone the packed bf16 kernel beat it at every size."""
     from tritonllm.model import cpu_kernels
 
     monkeypatch.delenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", raising=False)

@@ -4,9 +4,9 @@ One build per instruction set, chosen at run time from the CPU's capability and 
 `-march=native`: a cache or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|
 avx512_vnni|avx512_bf16` forces a variant (the tests use it for the portable path);
 `TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch (attention) or to dequantized
-weights (linears). On CPUs with native bf16 dot products (AMX or AVX512_BF16), bf16 linears from
-`ONEDNN_BF16_MIN_TOKENS` tokens on (16 with AMX, 128 without) run oneDNN's GEMM
-(`TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N` sets the threshold anywhere, 0 turns it off).
+weights (linears). On CPUs with AMX, bf16 linears from `ONEDNN_BF16_MIN_TOKENS` tokens on run oneDNN's
+GEMM (`TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N` sets the threshold anywhere, 0 turns it off); with AVX512_BF16
+and no GEMM, bf16 weights are packed for the kernels' vdpbf16ps path at every size (bf16_packed_linear.cpp).
 """
 
 from __future__ import annotations
@@ -86,10 +86,11 @@ def selected_isa() -> str:
 # AVX512_BF16 too). On a Xeon with AMX (bench_kernels.py, 1 thread) the GEMM took 35 ms over SmolLM2's layers
 # at 32 tokens, 56 at 128 and 146 at 512 against the kernel's 137, 508 and 1961 on fp32 activations. On a Zen
 # 4 EPYC (AVX512_BF16, no AMX; bench_bf16_gemm.py, 2 threads, bf16 activations) the kernel's 4 x 4 dot tiles
-# took 0.53-0.73 of the GEMM's time at 16-64 tokens, about the same at 96-192 and 1.06-1.14x at 256-512.
+# took 0.53-0.73 of the GEMM's time at 16-64 tokens, about the same at 96-192 and 1.06-1.14x at 256-512, so the
+# GEMM took 128 tokens on; the packed kernel (bench_bf16_packed.py) then beat it at 128-512 too: no GEMM there.
 # Without native bf16 (AVX2, or AVX-512 before BF16) oneDNN converts, and the kernels were 1.8-3.7x faster
 # from 8 tokens on (the Zen 4 with oneDNN capped at those instruction sets): no GEMM there.
-ONEDNN_BF16_MIN_TOKENS = {"amx_bf16": 16, "avx512_bf16": 128}
+ONEDNN_BF16_MIN_TOKENS = {"amx_bf16": 16}
 
 
 def onednn_bf16_min_tokens() -> int:

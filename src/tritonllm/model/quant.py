@@ -68,16 +68,28 @@ class Bf16Linear(nn.Module):
 
     On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed), and on CPUs with
     native bf16 (AMX, AVX512_BF16) hands bf16 activations from a number of tokens on (cpu_kernels.py) to
-    oneDNN's GEMM; elsewhere, or without the kernel, F.linear in bf16.
+    oneDNN's GEMM; elsewhere, or without the kernel, F.linear in bf16. Where the build packs bf16 weights
+    (`packs_bf16`: AVX512_BF16 without AMX; an even number of inputs) the weight is stored in tiles of 16 rows
+    for vdpbf16ps (`csrc/bf16_packed_linear.cpp`, every batch size; activations in bf16).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.kernels = cpu_kernels(weight.device)
-        self.register_buffer("weight", weight.to(torch.bfloat16).contiguous())
+        self.out_features = weight.shape[0]
+        self.packed = self.kernels is not None and self.kernels.packs_bf16() and weight.shape[1] % 2 == 0
+        weight = weight.to(torch.bfloat16).contiguous()
+        if self.packed:
+            weight = self.kernels.bf16_pack(weight)
+            if bias is not None:  # padded like the rows
+                bias = F.pad(bias.float(), (0, weight.shape[0] * PACKED_BF16_ROWS - self.out_features))
+        self.register_buffer("weight", weight)
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            y = self.kernels.bf16_packed_linear(x.to(torch.bfloat16).contiguous(), self.weight, self.bias)
+            return y[..., : self.out_features].to(x.dtype)
         if self.kernels is not None and blas_sized(x) and not self.onednn_bf16(x):
             return F.linear(x.float(), self.weight.float(), self.bias).to(x.dtype)
         if self.kernels is not None:
@@ -89,6 +101,9 @@ class Bf16Linear(nn.Module):
         """Whether the kernel hands these bf16 activations to oneDNN's GEMM (native bf16; cpu_kernels.py)."""
         threshold = self.kernels.onednn_bf16_min_tokens()
         return x.dtype == torch.bfloat16 and 0 < threshold <= x.numel() // x.shape[-1]
+
+
+PACKED_BF16_ROWS = 16  # rows a tile of bf16_pack
 
 
 def kernel_dtypes(kernel, x: torch.Tensor, *weights) -> torch.Tensor:
@@ -284,6 +299,8 @@ def kernel_tensors(linear: nn.Module) -> list[torch.Tensor] | None:
     if not runs_on_kernels(linear):
         return None
     if isinstance(linear, BlockLinear) and linear.out_features % linear.tile_rows:
+        return None
+    if isinstance(linear, Bf16Linear) and linear.packed and linear.out_features % PACKED_BF16_ROWS:
         return None
     return [linear.weight, NO_TENSOR if linear.bias is None else linear.bias]
 

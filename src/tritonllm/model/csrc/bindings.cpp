@@ -11,6 +11,7 @@
 #include "linear.cpp"
 #include "int8_linear.cpp"
 #include "int4_linear.cpp"
+#include "bf16_packed_linear.cpp"
 #include "paged_attention.cpp"
 #include "prefill_attention.cpp"
 #include "decode_stack.cpp"
@@ -31,6 +32,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
   m.def("bf16_linear", &bf16_linear, "x @ W^T for bfloat16 weights, fp32 accumulation", pybind11::arg("x"),
         pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(), release());
+  m.def("bf16_pack", &bf16_pack, "bfloat16 weights in tiles of 16 rows x pairs of inputs, for bf16_packed_linear",
+        pybind11::arg("weight"), release());
+  m.def("bf16_packed_linear", &bf16_packed_linear, "x @ W^T for packed bfloat16 weights (vdpbf16ps, fp32 sums)",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
+  m.def("packs_bf16", &packs_bf16, "whether bf16 weights run packed (bf16_pack) in this build, at this GEMM threshold");
   m.def("set_onednn_bf16_min_tokens", &set_onednn_bf16_min_tokens,
         "from how many tokens bf16 activations x bf16 weights run through ATen's GEMM (oneDNN, AMX); 0: never");
   m.def("onednn_bf16_min_tokens", &onednn_bf16_min_tokens, "see set_onednn_bf16_min_tokens");

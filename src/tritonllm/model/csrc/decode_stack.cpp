@@ -7,17 +7,23 @@
 
 namespace {
 
-// A linear as two tensors: packed int8 or int4 weights (int8_pack / int4_pack, told apart by their bytes a block;
-// rows a multiple of their tiles', so nothing to drop) or bf16 weights, then a bias or an empty tensor.
+// A linear as two tensors: packed int8 or int4 weights (int8_pack / int4_pack, told apart by their bytes a block),
+// packed bf16 weights (bf16_pack: 3 dimensions) or row-major bf16 ones, then a bias or an empty tensor. Packed
+// rows are a multiple of their tiles', so there is nothing to drop.
 bool is_packed(const at::Tensor& weight) { return weight.scalar_type() == at::kByte; }
+bool is_packed_bf16(const at::Tensor& weight) { return weight.scalar_type() == at::kBFloat16 && weight.dim() == 3; }
 
-int64_t out_features(const at::Tensor& weight) { return is_packed(weight) ? weight.size(0) * kTileRows : weight.size(0); }
+int64_t out_features(const at::Tensor& weight) {
+  if (is_packed(weight)) return weight.size(0) * kTileRows;
+  return is_packed_bf16(weight) ? weight.size(0) * kPairRows : weight.size(0);
+}
 
 void run_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {
   c10::optional<at::Tensor> b;
   if (bias.numel() > 0) b = bias;
   if (is_packed(weight) && weight.size(2) == kInt4BlockBytes) return int4_linear_into(x, weight, b, out);
   if (is_packed(weight)) return int8_linear_into(x, weight, b, out);
+  if (is_packed_bf16(weight)) return bf16_packed_linear_into(x, weight, b, out);
   bf16_linear_into(x, weight, b, out);
 }
 
