@@ -21,7 +21,7 @@ from tritonllm.model.quant import (
 
 # (tokens, out_features, in_features): int8 runs its dot product two tokens at a time (eight in the
 # VNNI builds) at every size; bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
-# activations on the avx512_bf16 build: its vdpbf16ps tiles at every size; packed weights: bf16_packed_linear).
+# activations on the avx512_bf16 build: its vdpbf16ps tiles at every size; packed: bf16_packed_linear).
 # out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
 # exercise the edges.
 SHAPES = [
@@ -118,7 +118,8 @@ def test_packed_bf16_linear_matches_reference(shape: tuple[int, int, int]) -> No
     expected = x.float() @ w.float().T + bias
     torch.testing.assert_close(got[:, :n].float(), expected, atol=0.1, rtol=0.01)
     assert torch.equal(got[:, n:].float(), torch.zeros(m, got.shape[1] - n))
-    assert torch.equal(kernels.bf16_packed_linear(x.view(1, m, k), packed).view(m, -1), kernels.bf16_packed_linear(x, packed))
+    batched = kernels.bf16_packed_linear(x.view(1, m, k), packed)
+    assert torch.equal(batched.view(m, -1), kernels.bf16_packed_linear(x, packed))
 
 
 @pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 build only")
@@ -177,7 +178,8 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
     x, w = torch.randn(tokens, 96, generator=gen), torch.randn(4000, 96, generator=gen)
     packed = kernels.int8_pack(*quantize_int8_blocks(w))
     packed4 = kernels.int4_pack(*quantize_int4_blocks(w))
-    packed_bf16 = kernels.bf16_pack(w.bfloat16()) if kernels.packs_bf16() else None
+    packs = kernels.packs_bf16()
+    packed_bf16 = kernels.bf16_pack(w.bfloat16())
     previous = torch.get_num_threads()
     results = []
     try:
@@ -187,7 +189,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
                 [kernels.int8_linear(x, packed) for _ in range(20)]
                 + [kernels.int4_linear(x, packed4) for _ in range(20)]
                 + [kernels.bf16_linear(x, w.bfloat16()) for _ in range(20)]
-                + [kernels.bf16_packed_linear(x.bfloat16(), packed_bf16) for _ in range(20 if packed_bf16 is not None else 0)]
+                + [kernels.bf16_packed_linear(x.bfloat16(), packed_bf16) for _ in range(20 * bool(packs))]
             )
     finally:
         torch.set_num_threads(previous)

@@ -86,8 +86,8 @@ def selected_isa() -> str:
 # AVX512_BF16 too). On a Xeon with AMX (bench_kernels.py, 1 thread) the GEMM took 35 ms over SmolLM2's layers
 # at 32 tokens, 56 at 128 and 146 at 512 against the kernel's 137, 508 and 1961 on fp32 activations. On a Zen
 # 4 EPYC (AVX512_BF16, no AMX; bench_bf16_gemm.py, 2 threads, bf16 activations) the kernel's 4 x 4 dot tiles
-# took 0.53-0.73 of the GEMM's time at 16-64 tokens, about the same at 96-192 and 1.06-1.14x at 256-512, so the
-# GEMM took 128 tokens on; the packed kernel (bench_bf16_packed.py) then beat it at 128-512 too: no GEMM there.
+# took 0.53-0.73 of the GEMM's time at 16-64 tokens, about the same at 96-192 and 1.06-1.14x at 256-512, so
+# the GEMM took 128 tokens on; the packed kernel (bench_bf16_packed.py) then beat it at 128-512 too: no GEMM.
 # Without native bf16 (AVX2, or AVX-512 before BF16) oneDNN converts, and the kernels were 1.8-3.7x faster
 # from 8 tokens on (the Zen 4 with oneDNN capped at those instruction sets): no GEMM there.
 ONEDNN_BF16_MIN_TOKENS = {"amx_bf16": 16}
