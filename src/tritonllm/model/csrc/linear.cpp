@@ -5,8 +5,9 @@
 // vdpbf16ps tiles straight from the bf16 rows at every size instead.
 // The AVX2 paths are used when the translation unit is compiled with AVX2+FMA (cpu_kernels.py builds one
 // variant per instruction set and picks it from the CPU's flags); otherwise portable loops run.
-// On CPUs with native bf16 (AMX or AVX512_BF16), bf16 activations from a number of tokens on go to ATen's
-// GEMM instead (oneDNN), the number cpu_kernels.py sets at load (set_onednn_bf16_min_tokens).
+// On CPUs with AMX, bf16 activations from a number of tokens on go to ATen's GEMM instead (oneDNN), the number
+// cpu_kernels.py sets at load (set_onednn_bf16_min_tokens). With AVX512_BF16 and no such GEMM, bf16 weights are
+// packed for bf16_packed_linear.cpp instead, and these row-major paths do not run.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
