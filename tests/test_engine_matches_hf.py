@@ -128,9 +128,9 @@ def test_rope_table_rows_are_the_computed_values_to_the_bit(tiny_llama_tied_dir:
         torch.arange(37, 300),
         torch.randint(0, 4096, (64,), generator=gen),
     ]
-    computed = [model.rope(p, model.embed.dtype) for p in picks]
+    computed = [model.rope(p, model.norm.dtype) for p in picks]
     model.cache_rope(4096)
     assert model.rope_table is not None and model.rope_table[0].shape[0] == 4096
     for p, (cos, sin) in zip(picks, computed, strict=True):
-        looked_up = model.rope(p, model.embed.dtype)
+        looked_up = model.rope(p, model.norm.dtype)
         assert torch.equal(looked_up[0], cos) and torch.equal(looked_up[1], sin)

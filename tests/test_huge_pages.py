@@ -92,10 +92,18 @@ def test_a_kernel_without_huge_pages_gets_plain_memory(monkeypatch: pytest.Monke
     assert buffer.numel() == 2 * HUGE_PAGE and buffer.sum() == 1
 
 
-def test_a_tied_bf16_head_keeps_sharing_the_embedding(tiny_llama_tied_dir: Path) -> None:
-    """Moving it would hold the embedding twice."""
+def test_a_tied_bf16_head_keeps_the_embedding_once(tiny_llama_tied_dir: Path) -> None:
+    """Moving a row-major head would hold the embedding twice: it stays where the embedding is. A packed one
+    (avx512_bf16 CPUs) is the only copy, and lookups read the rows from its tiles."""
     model = load_model(tiny_llama_tied_dir, "bfloat16", "cpu", "none")
-    assert model.lm_head.weight.untyped_storage().data_ptr() == model.embed.untyped_storage().data_ptr()
+    ids = torch.tensor([0, 5, 17, model.args.vocab_size - 1])
+    if model.lm_head.packed:
+        buffer = model.layers[0].qkv_proj.weight.untyped_storage().data_ptr()  # the streamed weights' buffer
+        assert model.embed is None and model.lm_head.weight.untyped_storage().data_ptr() == buffer
+        reference = load_model(tiny_llama_tied_dir, "float32", "cpu", "none").embed
+        assert torch.equal(model.embed_tokens(ids), reference[ids].bfloat16())
+    else:
+        assert model.lm_head.weight.untyped_storage().data_ptr() == model.embed.untyped_storage().data_ptr()
 
 
 @pytest.mark.skipif(load_kernels() is None, reason="needs the CPU kernels")

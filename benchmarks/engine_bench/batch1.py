@@ -54,6 +54,8 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
     total = sum(size for _, size in seen.values())
     lm_head_keys = {storage_key(t) for t in [*model.lm_head.parameters(), *model.lm_head.buffers()]}
     embed = model.embed
+    if embed is None:  # tied to a packed head that holds the only copy
+        return total, total
     shared = storage_key(embed) in lm_head_keys
     streamed = total - (0 if shared else embed.numel() * embed.element_size())
     return total, streamed

@@ -224,7 +224,7 @@ class LlamaModel(nn.Module):
     def __init__(
         self,
         args: ModelArgs,
-        embed: torch.Tensor,
+        embed: torch.Tensor | None,
         layers: list[DecoderLayer],
         norm: torch.Tensor,
         lm_head: nn.Module,
@@ -233,13 +233,14 @@ class LlamaModel(nn.Module):
     ):
         super().__init__()
         self.args = args
-        self.embed = nn.Parameter(embed, requires_grad=False)
+        # None: tied to a head that keeps the only copy of the rows (packed bf16; embed_tokens).
+        self.embed = None if embed is None else nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(layers)
         self.norm = nn.Parameter(norm, requires_grad=False)
         self.lm_head = lm_head
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = attention_scaling
-        self.ops = layer_ops(self.embed.device)
+        self.ops = layer_ops(self.norm.device)
         self.fused_decode = True  # decode-only steps through csrc/decode_stack.cpp where it can run them
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin by position (cache_rope)
 
@@ -259,8 +260,8 @@ class LlamaModel(nn.Module):
         """Keep cos/sin for positions 0..num_positions-1 (the engine's max_model_len), so that a step looks
         its rows up: computing them took six small tensor ops, ~0.1 ms of a ~7 ms batch-1 CPU step.
         The same elementwise ops on the same positions: the same values to the bit."""
-        dtype = self.embed.dtype
-        self.rope_table = self.rope(torch.arange(num_positions, device=self.embed.device), dtype)
+        dtype = self.norm.dtype
+        self.rope_table = self.rope(torch.arange(num_positions, device=self.norm.device), dtype)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [T, head_dim], computed as HF does (fp32 product, then cast), or looked up."""
@@ -273,12 +274,18 @@ class LlamaModel(nn.Module):
         sin = (emb.sin() * self.attention_scaling).to(dtype)
         return cos.contiguous(), sin.contiguous()
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of `input_ids` (a new tensor), from the head's weight where it holds them."""
+        if self.embed is None:
+            return self.lm_head.rows(input_ids)
+        return F.embedding(input_ids, self.embed)
+
     @torch.inference_mode()
     def forward(
         self, input_ids, positions, meta: AttentionMetadata, kv_caches, logits_indices
     ) -> torch.Tensor:
         """Logits [S, vocab] in fp32 for the tokens at `logits_indices`."""
-        x = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by the layers
+        x = self.embed_tokens(input_ids)  # the residual stream, updated in place by the layers
         cos, sin = self.rope(positions, x.dtype)
         kernels = load_kernels() if x.device.type == "cpu" else None
         if (

@@ -18,7 +18,13 @@ from tritonllm.engine_format import SCALE_SUFFIX, built_quantization
 from tritonllm.model.args import ModelArgs, UnsupportedModelError
 from tritonllm.model.huge_pages import move_weights_to_huge_pages
 from tritonllm.model.llama import DecoderLayer, LlamaModel
-from tritonllm.model.quant import head_quantization, make_linear, prequantized_linear, runs_on_kernels
+from tritonllm.model.quant import (
+    Bf16Linear,
+    head_quantization,
+    make_linear,
+    prequantized_linear,
+    runs_on_kernels,
+)
 from tritonllm.precision import DTYPES
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES if name != "auto"}
@@ -115,6 +121,8 @@ def load_model(
         if lm_weight is None:  # some checkpoints tie without saying so
             lm_weight = embed
         lm_head = make_linear(lm_weight, None, head_quantization(quantization))
+        if lm_weight is embed and isinstance(lm_head, Bf16Linear) and lm_head.packed:
+            embed = None  # the packed head holds the only copy of the rows (LlamaModel.embed_tokens)
     hf_config = AutoConfig.from_pretrained(path)
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[args.rope_type](hf_config, device)
     model = LlamaModel(args, embed, layers, take("model.norm.weight"), lm_head, inv_freq, attention_scaling)
@@ -122,7 +130,8 @@ def load_model(
     if leftover:
         raise UnsupportedModelError(f"checkpoint has tensors the engine does not use: {leftover[:5]}")
     streamed = [m for layer in layers for m in layer.linears] + [lm_head]  # in the order a step reads them
-    # A bf16 head tied to the embedding stays where the embedding is (one copy).
-    kernel_read = [m for m in streamed if runs_on_kernels(m) and m.weight.data_ptr() != embed.data_ptr()]
+    # A row-major bf16 head tied to the embedding stays where the embedding is (one copy).
+    shared = None if embed is None else embed.data_ptr()
+    kernel_read = [m for m in streamed if runs_on_kernels(m) and m.weight.data_ptr() != shared]
     move_weights_to_huge_pages(kernel_read)
     return model.eval()

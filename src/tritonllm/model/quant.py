@@ -97,6 +97,17 @@ class Bf16Linear(nn.Module):
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
         return F.linear(x.to(torch.bfloat16), self.weight, bias).to(x.dtype)
 
+    def rows(self, indices: torch.Tensor) -> torch.Tensor:
+        """Rows of W (a new tensor [*indices.shape, K]): a tied embedding's lookups, where this weight is the
+        only copy."""
+        if not self.packed:
+            return F.embedding(indices, self.weight)
+        tiles, pairs = self.weight.shape[:2]
+        by_row = self.weight.view(tiles, pairs, PACKED_BF16_ROWS, 2)
+        flat = indices.reshape(-1)
+        rows = by_row[flat // PACKED_BF16_ROWS, :, flat % PACKED_BF16_ROWS]  # [n, pairs, 2]
+        return rows.reshape(*indices.shape, 2 * pairs)
+
     def onednn_bf16(self, x: torch.Tensor) -> bool:
         """Whether the kernel hands these bf16 activations to oneDNN's GEMM (native bf16; cpu_kernels.py)."""
         threshold = self.kernels.onednn_bf16_min_tokens()
