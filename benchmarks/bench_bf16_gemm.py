@@ -1,8 +1,9 @@
 """bf16 linears: the project's kernel against oneDNN's GEMM (ATen's mm), side by side in one process.
 
-On CPUs with native bf16 (AVX512_BF16 or AMX) the kernels hand bf16 activations of
-`ONEDNN_BF16_MIN_TOKENS` tokens or more to the GEMM (cpu_kernels.py). Two measures, each alternating the
-two paths (paired medians; this machine drifts):
+On CPUs with AMX the kernels hand bf16 activations of `ONEDNN_BF16_MIN_TOKENS` tokens or more to the GEMM
+(cpu_kernels.py); with AVX512_BF16 alone they did from 128 tokens until bf16 weights were packed
+(bench_bf16_packed.py), and TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N brings that path back. Two measures, each
+alternating the two paths (paired medians; this machine drifts):
   linears  SmolLM2's 120 body linears (bf16 weights, bf16 activations) at several token counts: wall time
            of the kernel and of the GEMM, GEMM / kernel; where the crossover lies
   engine   one bf16 engine, the GEMM threshold 0 (kernels only) against the CPU's default, on fresh
@@ -129,7 +130,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     default = onednn_bf16_min_tokens()
     if default == 0:
-        raise SystemExit("no GEMM here (no native bf16): set TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N to try one")
+        raise SystemExit(
+            "no GEMM here (only AMX CPUs take it; with AVX512_BF16 alone bf16 weights run packed: "
+            "bench_bf16_packed.py): set TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N to try one"
+        )
     result = {"cpu_flags": cpu_flags(), "isa": selected_isa(), "load_average": os.getloadavg()}
     result["threshold"] = default
     print(f"CPU flags: {' '.join(cpu_flags())}; kernels {selected_isa()}; GEMM from {default} tokens")
