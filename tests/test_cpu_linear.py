@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tritonllm.model import quant
-from tritonllm.model.cpu_kernels import load_kernels, supported_isas
+from tritonllm.model.cpu_kernels import load_kernels, selected_isa, supported_isas
 from tritonllm.model.quant import (
     BlockInt4Linear,
     BlockInt8Linear,
@@ -374,7 +374,9 @@ def test_engine_stats_name_the_gemm_threshold() -> None:
     previous = kernels.onednn_bf16_min_tokens()
     try:
         kernels.set_onednn_bf16_min_tokens(0)
-        assert "onednn" not in describe_kernels(torch.device("cpu"))
+        described = describe_kernels(torch.device("cpu"))
+        assert "onednn" not in described
+        assert (", bf16 weights packed (" in described) == (selected_isa() == "avx512_bf16")
         kernels.set_onednn_bf16_min_tokens(16)
         assert ", bf16 from 16 tokens: onednn (" in describe_kernels(torch.device("cpu"))
     finally:

@@ -27,8 +27,10 @@ def describe_kernels(device: torch.device) -> str:
     if kernels is None:
         return f"pytorch ({' '.join(cpu_flags())})"
     gemm_from = kernels.onednn_bf16_min_tokens()
-    gemm = f", bf16 from {gemm_from} tokens: onednn" if gemm_from else ""
-    return f"cpu-{selected_isa()}{gemm} ({' '.join(cpu_flags())})"
+    bf16 = f", bf16 from {gemm_from} tokens: onednn" if gemm_from else ""
+    if kernels.packs_bf16():
+        bf16 = ", bf16 weights packed"
+    return f"cpu-{selected_isa()}{bf16} ({' '.join(cpu_flags())})"
 
 
 def streamed_weight_pages(model: torch.nn.Module) -> str:

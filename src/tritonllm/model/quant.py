@@ -67,10 +67,10 @@ class Bf16Linear(nn.Module):
     """y = x W^T + b with bf16 weights and fp32 accumulation; x in fp32 or bf16, y in x's dtype.
 
     On CPU the kernel converts weights in registers (any AVX2 CPU; no native bf16 needed), and on CPUs with
-    native bf16 (AMX, AVX512_BF16) hands bf16 activations from a number of tokens on (cpu_kernels.py) to
-    oneDNN's GEMM; elsewhere, or without the kernel, F.linear in bf16. Where the build packs bf16 weights
-    (`packs_bf16`: AVX512_BF16 without AMX; an even number of inputs) the weight is stored in tiles of 16 rows
-    for vdpbf16ps (`csrc/bf16_packed_linear.cpp`, every batch size; activations in bf16).
+    AMX hands bf16 activations from a number of tokens on (cpu_kernels.py) to oneDNN's GEMM; without the
+    kernel, F.linear in bf16. Where the build packs bf16 weights (`packs_bf16`: AVX512_BF16 without AMX; an
+    even number of inputs) the weight is stored in tiles of 16 rows for vdpbf16ps
+    (`csrc/bf16_packed_linear.cpp`, every batch size; activations in bf16).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -98,10 +98,8 @@ class Bf16Linear(nn.Module):
         return F.linear(x.to(torch.bfloat16), self.weight, bias).to(x.dtype)
 
     def rows(self, indices: torch.Tensor) -> torch.Tensor:
-        """Rows of W (a new tensor [*indices.shape, K]): a tied embedding's lookups, where this weight is the
-        only copy."""
-        if not self.packed:
-            return F.embedding(indices, self.weight)
+        """Rows of the packed W (a new tensor [*indices.shape, K]): a tied embedding's lookups, where this
+        weight is the only copy (loader.py)."""
         tiles, pairs = self.weight.shape[:2]
         by_row = self.weight.view(tiles, pairs, PACKED_BF16_ROWS, 2)
         flat = indices.reshape(-1)
