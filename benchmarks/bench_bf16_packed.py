@@ -10,7 +10,8 @@ medians; these machines drift):
     .venv/bin/python benchmarks/bench_bf16_packed.py                                # ~5 min on 2 cores
     .venv/bin/python benchmarks/bench_bf16_packed.py --shape 1b --model .cache/models/RandomLlama-1B
 
-Writes results/bf16_packed.json (or --out) with the CPU flags and load average.
+Writes results/bf16_packed.json (or --out) with the CPU flags and load average, and a plot beside it (.png):
+`bench_bf16_packed.py --plot results/X.json` redraws one.
 """
 
 from __future__ import annotations
@@ -147,6 +148,43 @@ def engine_ab(model: str, seqs: int, prompt: int, out: int, rounds: int, threads
     return {"prefill_s": row(0), "decode_step_ms": row(1, 1e3), "tok_s": row(2)}
 
 
+def plot(result: dict, path: Path) -> None:
+    """The linears' time ratios by tokens per call, and the engines' decode-step ratios."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=[3, 2])
+    tokens = [int(m) for m in result["linears"]]
+    for key, label in (
+        ("packed_over_tiles", "row-major vdpbf16ps / AVX2 tiles"),
+        ("packed_over_gemm", "oneDNN GEMM"),
+    ):
+        left.plot(
+            tokens, [row[key] for row in result["linears"].values()], marker="o", label=f"packed / {label}"
+        )
+    left.axhline(1.0, color="grey", lw=0.8)
+    left.set(xscale="log", xlabel="tokens per call", ylabel="time ratio (< 1: packed faster)")
+    left.set_xticks(tokens, [str(m) for m in tokens])
+    left.set_title(f"{result['shape']} linears, paired medians")
+    left.legend()
+    shapes = list(result["engine"])
+    for i, key in enumerate(("prefill_s", "decode_step_ms")):
+        ratios = [result["engine"][shape][key]["ratio"] for shape in shapes]
+        right.bar([j + 0.4 * i for j in range(len(shapes))], ratios, width=0.4, label=key.split("_")[0])
+    right.axhline(1.0, color="grey", lw=0.8)
+    right.set_xticks([j + 0.2 for j in range(len(shapes))], shapes)
+    right.set(xlabel="requests x prompt tokens", ylabel="packed / row-major time")
+    right.set_title("engine, paired rounds")
+    right.legend()
+    flags = " ".join(result["cpu_flags"])
+    fig.suptitle(f"bf16 weights packed for vdpbf16ps, {result['isa']} build\nCPU flags: {flags}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -161,7 +199,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bf16_packed.json"))
+    parser.add_argument("--plot", metavar="JSON", help="only redraw the plot of an earlier run")
     args = parser.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
     torch.set_num_threads(args.threads)
     if not load_kernels().packs_bf16():
         raise SystemExit(
@@ -189,7 +231,8 @@ def main() -> None:
         )
     result["load_average_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    plot(result, Path(args.out).with_suffix(".png"))
+    print(f"wrote {args.out} and its .png")
 
 
 if __name__ == "__main__":
