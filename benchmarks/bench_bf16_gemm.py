@@ -113,6 +113,18 @@ def engine_ab(model: str, seqs: int, prompt: int, out: int, rounds: int, threads
     }
 
 
+def engine_rows(shapes: list, out_tokens: int, label: str, keys: tuple[str, str], ab) -> dict[str, dict]:
+    """ab(seqs, prompt) for each shape, printed as it comes: each measure's two sides (`keys`) and ratio."""
+    rows = {}
+    for seqs, prompt in shapes:
+        row = rows[f"{seqs}x{prompt}"] = ab(seqs, prompt)
+        measures = "; ".join(
+            f"{k} {v[keys[0]]:.3g} / {v[keys[1]]:.3g} ({v['ratio']:.3f})" for k, v in row.items()
+        )
+        print(f"engine {seqs} x {prompt}+{out_tokens}, {label}: {measures}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -139,17 +151,15 @@ def main() -> None:
     print(f"CPU flags: {' '.join(cpu_flags())}; kernels {selected_isa()}; GEMM from {default} tokens")
     result["linears"] = linears([int(t) for t in args.tokens.split(",")])
     model = model_path_or_default(args.model)
-    result["engine"] = {}
-    for seqs, prompt in args.shapes:
-        row = engine_ab(model, seqs, prompt, args.out_tokens, args.rounds, args.threads, default)
-        result["engine"][f"{seqs}x{prompt}"] = row
-        print(
-            f"engine {seqs} x {prompt}+{args.out_tokens}, kernels only -> GEMM from {default} tokens: "
-            + "; ".join(
-                f"{k} {v['kernels']:.3g} -> {v['default']:.3g} ({v['ratio']:.3f})" for k, v in row.items()
-            ),
-            flush=True,
-        )
+    result["engine"] = engine_rows(
+        args.shapes,
+        args.out_tokens,
+        f"kernels only / GEMM from {default} tokens",
+        ("kernels", "default"),
+        lambda seqs, prompt: engine_ab(
+            model, seqs, prompt, args.out_tokens, args.rounds, args.threads, default
+        ),
+    )
     result["load_average_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_bf16_gemm import run_calls
+from bench_bf16_gemm import engine_rows, run_calls
 from bench_kv_cache import engine_run, shapes
 
 from tritonllm.default_model import model_path_or_default
@@ -218,17 +218,13 @@ def main() -> None:
     print(f"CPU flags: {' '.join(cpu_flags())}; kernels {selected_isa()}; load {os.getloadavg()[0]:.2f}")
     result["linears"] = linears(args.shape, [int(t) for t in args.tokens.split(",")])
     model = model_path_or_default(args.model)
-    result["engine"] = {}
-    for seqs, prompt in args.shapes:
-        row = engine_ab(model, seqs, prompt, args.out_tokens, args.rounds, args.threads)
-        result["engine"][f"{seqs}x{prompt}"] = row
-        print(
-            f"engine {seqs} x {prompt}+{args.out_tokens}, packed / row-major: "
-            + "; ".join(
-                f"{k} {v['packed']:.3g} / {v['row_major']:.3g} ({v['ratio']:.3f})" for k, v in row.items()
-            ),
-            flush=True,
-        )
+    result["engine"] = engine_rows(
+        args.shapes,
+        args.out_tokens,
+        "packed / row-major",
+        ("packed", "row_major"),
+        lambda seqs, prompt: engine_ab(model, seqs, prompt, args.out_tokens, args.rounds, args.threads),
+    )
     result["load_average_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(result, indent=1))
     plot(result, Path(args.out).with_suffix(".png"))
