@@ -4,9 +4,9 @@
 // a token's pair repeated 16 times and leaves each row's sum in its own lane. No horizontal sums, and a tile is
 // one contiguous stream. linear.cpp's dot tiles (a row by a token, 32 inputs a step) reduced 16 vectors per tile
 // and ran 1B-Llama shapes at ~140 GMAC/s at 32 tokens, rows of 2^n inputs 14% slower (cache-set conflicts).
-// Over Llama-3.2-1B's four linears x 4 layers (2 threads, Zen 4, paired) these took, of the old time:
-// 1 token 0.58 (the old path widened bf16 to fp32 on AVX2), 2-5 tokens 0.41-0.56, 8-64 tokens 0.57-0.69, and
-// 0.85-0.95 of oneDNN's GEMM at 128-512 tokens, so they run every size.
+// Over Llama-3.2-1B's four linears x 4 layers on 2 MB pages (bench_bf16_packed.py, 2 threads, Zen 4, paired)
+// these took, of the row-major paths' time: 1 token 0.94 (there the AVX2 tile, widening bf16 to fp32), 2-4 tokens
+// 0.70-0.87, 8-64 tokens 0.69-0.72, and 0.85-0.92 of oneDNN's GEMM at 128-512 tokens, so they run every size.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
