@@ -22,7 +22,6 @@
 namespace {
 
 constexpr int64_t kPairRows = 16;  // rows a tile: one 512-bit vector of fp32 sums
-constexpr int64_t kPairBytes = kPairRows * 2 * 2;  // a tile's bytes per pair of inputs
 constexpr int kGroupTiles = 4, kGroupTokens = 6;  // a register tile: 4 x 6 sums + 4 weight vectors + a token pair
 
 void check_bf16_packed(const at::Tensor& packed) {
