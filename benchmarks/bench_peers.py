@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -116,6 +117,7 @@ def build_peers(args: argparse.Namespace, model_dir: Path, log_dir: Path) -> lis
             label = f"llama-{outtype}"
             options = (
                 f"-t {args.threads} -np {args.llama_slots} -c {args.llama_slots * 2048} {args.llama_args}"
+                f"{llama_amx_workaround(args.llama_args)}"
             )
             return servers.llama_server(label, outtype, binary, gguf, shlex.split(options), log_dir, timeout)
 
@@ -325,6 +327,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results folder")
     parser.add_argument("--name", default="peers", help="results file stem (default: peers)")
     return parser.parse_args()
+
+
+def llama_amx_workaround(llama_args: str) -> str:
+    """ " --no-repack" on AMX CPUs, unless the options say otherwise.
+
+    Built for such a CPU (`GGML_NATIVE`), the llama.cpp in llama-cpp-python 0.3.36 moves q8_0 and bf16 weights
+    into its AMX buffer type and died there at its first tile instruction (SIGILL at `tilezero` in
+    `tinygemm_kernel_amx`, during llama-server's warm-up; Xeon with AMX, 2026-12-06), a bug upstream
+    ggml-org/llama.cpp#26954 describes (tile permission asked on one thread only). `--no-repack` keeps the
+    weights in plain buffers: on x86 that only turns the AMX path off (q8_0 and bf16 have no other repacking).
+    """
+    chosen = re.search(r"(^|\s)(-nr|--no-repack|--repack)(\s|$)", llama_args)
+    if "amx_int8" not in cpu_info()["cpu_flags"] or chosen:
+        return ""
+    return " --no-repack"
 
 
 def main() -> int:

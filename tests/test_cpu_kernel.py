@@ -15,7 +15,7 @@ from engine_helpers import greedy, hf_greedy, make_engine, random_prompts, run_s
 
 import tritonllm.model.llama as llama
 from tritonllm.model import cpu_kernels
-from tritonllm.model.cpu_kernels import load_kernels, supported_isas
+from tritonllm.model.cpu_kernels import NATIVE_BF16_ISAS, load_kernels, supported_isas
 from tritonllm.model.kv_rows import from_rows, to_rows
 from tritonllm.model.llama import gather_blocks
 
@@ -58,7 +58,13 @@ def test_builds_use_the_pinned_ninja_whatever_is_first_on_path(
     [
         (
             "AVX512",
-            ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"],  # Zen 4/5, Sapphire Rapids
+            # Sapphire Rapids
+            ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"],
+            ["amx", "avx512_bf16", "avx512_vnni", "avx512", "avx2", "generic"],
+        ),
+        (
+            "AVX512",
+            ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"],  # Zen 4/5
             ["avx512_bf16", "avx512_vnni", "avx512", "avx2", "generic"],
         ),
         # Ice Lake: VNNI without BF16
@@ -76,7 +82,11 @@ def test_builds_are_chosen_from_the_capability_and_the_flags(
     monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu_kernels, "amx_permitted", lambda: True)
     assert supported_isas() == expected
+    if "amx" in expected:  # an OS that refuses the tiles (Linux before 5.16) gets the avx512_bf16 build
+        monkeypatch.setattr(cpu_kernels, "amx_permitted", lambda: False)
+        assert supported_isas() == expected[1:]
 
 
 # (queries, cache) dtypes: one dtype, a bf16 cache under fp32 activations (the int8 engine's), int8 rows.
@@ -117,7 +127,7 @@ def decode_tolerance(isa: str, dtype: torch.dtype, cache_dtype: torch.dtype, hea
     64 and 128 (probabilities rounded to bf16: ~2e-4 from the reference over 1,000 keys)."""
     if dtype == torch.bfloat16:
         return 2e-2
-    if isa == "avx512_bf16" and cache_dtype == torch.bfloat16 and head_dim in (64, 128):
+    if isa in NATIVE_BF16_ISAS and cache_dtype == torch.bfloat16 and head_dim in (64, 128):
         return 2e-3
     return 1e-5
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tritonllm.model import quant
-from tritonllm.model.cpu_kernels import load_kernels, selected_isa, supported_isas
+from tritonllm.model.cpu_kernels import NATIVE_BF16_ISAS, load_kernels, selected_isa, supported_isas
 from tritonllm.model.quant import (
     BlockInt4Linear,
     BlockInt8Linear,
@@ -20,7 +20,8 @@ from tritonllm.model.quant import (
 )
 
 # (tokens, out_features, in_features): int8 runs its dot product two tokens at a time (eight in the
-# VNNI builds) at every size; bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
+# VNNI builds) at every size (the amx build: AMX tiles from 16 tokens, bf16 tiles on widened weights from
+# 64); bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
 # activations on the avx512_bf16 build: its vdpbf16ps tiles at every size; packed: bf16_packed_linear).
 # out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
 # exercise the edges.
@@ -37,6 +38,8 @@ SHAPES = [
     (33, 65, 256),
     (12, 40, 1536),
     (300, 13, 100),
+    (64, 33, 64),
+    (100, 80, 576),
 ]
 
 
@@ -71,16 +74,21 @@ def test_block_linear_matches_reference(fmt: str, isa: str, shape: tuple[int, in
     expected = activations @ weight.T + bias
     packed = pack(q, scale)
     tile_rows = packed.shape[2] // layer.block_bytes
-    assert tile_rows == (16 if isa in ("avx512_vnni", "avx512_bf16") else 8)
+    assert tile_rows == (16 if isa in ("avx512_vnni", *NATIVE_BF16_ISAS) else 8)
     rows = packed.shape[0] * tile_rows
     assert rows == -(-n // tile_rows) * tile_rows
     padded_bias = torch.nn.functional.pad(bias, (0, rows - n))
     got = linear(x, packed, padded_bias)
     assert got.shape == (m, rows) and (got[:, n:] == 0).all()  # padded rows: zero weights, zero bias
+    widened = 0 < kernels.widened_min_tokens() <= m  # the amx build's bf16 tiles: bf16 activations, weights
+    if widened:
+        expected = x.bfloat16().float() @ weight.bfloat16().float().T + bias
     torch.testing.assert_close(got[:, :n], expected, atol=1e-4, rtol=1e-4)
     got_bf16 = linear(x.bfloat16(), packed, padded_bias)[:, :n]
     assert got_bf16.dtype == torch.bfloat16
     expected_bf16 = quantized_activations(x.bfloat16().float()) @ weight.T + bias  # bf16 x rounds differently
+    if widened:
+        expected_bf16 = expected
     torch.testing.assert_close(got_bf16.float(), expected_bf16, atol=0.1, rtol=0.01)
 
 
@@ -97,15 +105,40 @@ def test_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
     torch.testing.assert_close(got.float(), x.bfloat16().float() @ w.float().T, atol=0.1, rtol=0.05)
 
 
-PACKING_ISAS = [isa for isa in supported_isas() if isa == "avx512_bf16"]
+@pytest.mark.skipif("amx" not in supported_isas(), reason="AMX tiles: Xeons from Sapphire Rapids on")
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+@pytest.mark.parametrize("shape", [(16, 48, 576), (20, 33, 96), (33, 100, 1536), (63, 40, 32), (7, 70, 100)])
+def test_amx_block_linears_equal_vnni_to_the_bit(fmt: str, shape: tuple[int, int, int]) -> None:
+    """From 16 tokens the amx build multiplies the same tiles on AMX (tdpbsud a block of 32 inputs, 16 tokens
+    at a time): the same integer dot products, scaled in the same order as vpdpbusd's, so the same floats, in
+    groups of 16 tokens with a short last one (fewer tokens: vpdpbusd itself)."""
+    amx, vnni = load_kernels("amx"), load_kernels("avx512_bf16")
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(m * k + n)
+    x, bias = torch.randn(m, k, generator=gen), torch.randn(-(-n // 16) * 16, generator=gen)
+    weights = quant.QUANTIZERS[fmt](torch.randn(n, k, generator=gen))
+    packed = getattr(amx, f"{fmt}_pack")(*weights)
+    assert torch.equal(packed, getattr(vnni, f"{fmt}_pack")(*weights))  # one layout
+    for activations in (x, x.bfloat16()):
+        got = getattr(amx, f"{fmt}_linear")(activations, packed, bias)
+        assert torch.equal(got, getattr(vnni, f"{fmt}_linear")(activations, packed, bias))
 
 
-@pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 build only")
-@pytest.mark.parametrize("shape", [s for s in SHAPES if s[2] % 2 == 0] + [(6, 16, 2), (13, 70, 98)])
-def test_packed_bf16_linear_matches_reference(shape: tuple[int, int, int]) -> None:
-    """bf16_pack's tiles of 16 rows x input pairs through vdpbf16ps: every tile (1-4 a group) and token
-    (1-6) edge, a bias, padded rows (zeros) and bf16 rounding of the fp32 sums."""
-    kernels = load_kernels("avx512_bf16")
+PACKING_ISAS = [isa for isa in supported_isas() if isa in NATIVE_BF16_ISAS]
+# The amx build's tiles from 4 tokens on, where inputs come in blocks of 32: blocks of 32 tokens with a short
+# last one, an odd number of weight tiles, a single one.
+AMX_SHAPES = [(40, 100, 64), (64, 48, 96), (20, 33, 32), (4, 16, 64)]
+
+
+@pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 and amx builds only")
+@pytest.mark.parametrize("isa", PACKING_ISAS)
+@pytest.mark.parametrize(
+    "shape", [s for s in SHAPES if s[2] % 2 == 0] + [(6, 16, 2), (13, 70, 98), *AMX_SHAPES]
+)
+def test_packed_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) -> None:
+    """bf16_pack's tiles of 16 rows x input pairs through vdpbf16ps (and AMX tiles in the amx build): every
+    tile (1-4 a group) and token (1-6) edge, a bias, padded rows (zeros), bf16 rounding of the fp32 sums."""
+    kernels = load_kernels(isa)
     m, n, k = shape
     gen = torch.Generator().manual_seed(m + n * k)
     x, w = torch.randn(m, k, generator=gen).bfloat16(), torch.randn(n, k, generator=gen).bfloat16()
@@ -122,7 +155,7 @@ def test_packed_bf16_linear_matches_reference(shape: tuple[int, int, int]) -> No
     assert torch.equal(batched.view(m, -1), kernels.bf16_packed_linear(x, packed))
 
 
-@pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 build only")
+@pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 and amx builds only")
 def test_bf16_weights_are_packed_unless_onednn_takes_them() -> None:
     """The avx512_bf16 build packs bf16 weights for its own kernel unless bf16 activations go to oneDNN's
     GEMM from some number of tokens (AMX CPUs), which takes row-major weights; the layer answers the same
@@ -156,13 +189,13 @@ def test_bf16_weights_are_packed_unless_onednn_takes_them() -> None:
     assert not quant.Bf16Linear(w[:, :99]).packed  # odd inputs stay row-major
 
 
-@pytest.mark.parametrize("isa", [isa for isa in supported_isas() if isa != "avx512_bf16"])
+@pytest.mark.parametrize("isa", [isa for isa in supported_isas() if isa not in NATIVE_BF16_ISAS])
 def test_other_builds_keep_bf16_weights_row_major(isa: str) -> None:
     """Only vdpbf16ps runs packed bf16 weights: the other builds refuse them with a clear message."""
     kernels = load_kernels(isa)
     assert not kernels.packs_bf16()
     packed = kernels.bf16_pack(torch.randn(16, 8).bfloat16())  # packing itself is portable
-    with pytest.raises(RuntimeError, match="need the avx512_bf16 build"):
+    with pytest.raises(RuntimeError, match="need the avx512_bf16 or amx build"):
         kernels.bf16_packed_linear(torch.zeros(1, 8, dtype=torch.bfloat16), packed)
 
 
@@ -347,16 +380,22 @@ def test_bf16_activations_from_the_threshold_take_the_gemm_with_the_kernels_answ
         (["avx2", "avx512_vnni"], 0),
         (["avx512_bf16", "avx512_vnni"], 0),
         (["amx_bf16", "avx512_bf16"], 16),
+        (["amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni"], 0),
     ],
 )
 def test_the_gemm_threshold_follows_native_bf16_unless_set(
     monkeypatch: pytest.MonkeyPatch, flags: list[str], threshold: int
 ) -> None:
-    """oneDNN's bf16 GEMM only with AMX (cpu_kernels.py): without native bf16 it converts, and the kernels
-    were 1.8-3.7x faster; with AVX512_BF16 alone the packed bf16 kernel beat it at every size."""
+    """oneDNN's bf16 GEMM only with AMX and no amx build (cpu_kernels.py): without native bf16 it converts,
+    and the kernels were 1.8-3.7x faster; with AVX512_BF16 alone the packed bf16 kernel beat it at every size,
+    and the amx build's own tiles beat it on AMX."""
     from tritonllm.model import cpu_kernels
 
     monkeypatch.delenv("TRITONLLM_ONEDNN_BF16_MIN_TOKENS", raising=False)
+    monkeypatch.delenv("TRITONLLM_CPU_ISA", raising=False)
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(cpu_kernels, "amx_permitted", lambda: True)
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     assert cpu_kernels.onednn_bf16_min_tokens() == threshold
@@ -376,7 +415,7 @@ def test_engine_stats_name_the_gemm_threshold() -> None:
         kernels.set_onednn_bf16_min_tokens(0)
         described = describe_kernels(torch.device("cpu"))
         assert "onednn" not in described
-        assert (", bf16 weights packed (" in described) == (selected_isa() == "avx512_bf16")
+        assert (", bf16 weights packed (" in described) == (selected_isa() in NATIVE_BF16_ISAS)
         kernels.set_onednn_bf16_min_tokens(16)
         assert ", bf16 from 16 tokens: onednn (" in describe_kernels(torch.device("cpu"))
     finally:

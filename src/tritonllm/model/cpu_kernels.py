@@ -2,16 +2,19 @@
 
 One build per instruction set, chosen at run time from the CPU's capability and flags (never
 `-march=native`: a cache or an image may move to another CPU). `TRITONLLM_CPU_ISA=generic|avx2|avx512|
-avx512_vnni|avx512_bf16` forces a variant (the tests use it for the portable path);
+avx512_vnni|avx512_bf16|amx` forces a variant (the tests use it for the portable path);
 `TRITONLLM_DISABLE_KERNELS=1` or a missing compiler falls back to PyTorch (attention) or to dequantized
-weights (linears). On CPUs with AMX, bf16 linears from `ONEDNN_BF16_MIN_TOKENS` tokens on run oneDNN's
-GEMM (`TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N` sets the threshold anywhere, 0 turns it off); with AVX512_BF16
-and no GEMM, bf16 weights are packed for the kernels' vdpbf16ps path at every size (bf16_packed_linear.cpp).
+weights (linears). With AVX512_BF16, bf16 weights are packed for the kernels' vdpbf16ps path
+(bf16_packed_linear.cpp); the amx build (Xeons from Sapphire Rapids on, where Linux grants the tiles) runs the
+same packed bf16 weights and the int8/int4 tiles on AMX from a few tokens on (amx.h). oneDNN's bf16 GEMM only
+runs where `TRITONLLM_ONEDNN_BF16_MIN_TOKENS=N` asks for it, or on an AMX CPU without the amx build
+(`ONEDNN_BF16_MIN_TOKENS`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import logging
@@ -43,10 +46,14 @@ ISA_FLAGS = {
     "avx512": AVX512_FLAGS,
     "avx512_vnni": [*AVX512_FLAGS, "-mavx512vnni"],
     "avx512_bf16": [*AVX512_FLAGS, "-mavx512vnni", "-mavx512bf16"],
+    "amx": [*AVX512_FLAGS, "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8"],
 }
+# Builds with AVX512_BF16's vdpbf16ps paths (amx adds tiles on top).
+NATIVE_BF16_ISAS = ("amx", "avx512_bf16")
 CAPABILITY_ISAS = {"AVX512": ["avx512", "avx2", "generic"], "AVX2": ["avx2", "generic"]}
 # Variants that need flags beyond torch's capability level (which stops at AVX-512F/BW/VL/DQ), best first.
 FLAG_ISAS = {
+    "amx": ("AVX512", {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}),
     "avx512_bf16": ("AVX512", {"avx512_vnni", "avx512_bf16"}),
     "avx512_vnni": ("AVX512", {"avx512_vnni"}),
 }
@@ -70,7 +77,23 @@ def supported_isas() -> list[str]:
     capability = torch.backends.cpu.get_cpu_capability()
     flags = set(cpu_flags())
     extra = [isa for isa, (level, needed) in FLAG_ISAS.items() if capability == level and needed <= flags]
+    if "amx" in extra and not amx_permitted():
+        extra.remove("amx")
     return extra + CAPABILITY_ISAS.get(capability, ["generic"])
+
+
+SYS_ARCH_PRCTL = 158  # x86_64
+ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 0x1023, 18  # asm/prctl.h; the tile data's state component
+
+
+@cache
+def amx_permitted() -> bool:
+    """Whether Linux lets this process use AMX tiles (it asks: arch_prctl, once a process, Linux 5.16 on)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def selected_isa() -> str:
@@ -89,18 +112,21 @@ def selected_isa() -> str:
 # took 0.53-0.73 of the GEMM's time at 16-64 tokens, about the same at 96-192 and 1.06-1.14x at 256-512, so
 # the GEMM took 128 tokens on; the packed kernel (bench_bf16_packed.py) then beat it at 128-512 too: no GEMM.
 # Without native bf16 (AVX2, or AVX-512 before BF16) oneDNN converts, and the kernels were 1.8-3.7x faster
-# from 8 tokens on (the Zen 4 with oneDNN capped at those instruction sets): no GEMM there.
+# from 8 tokens on (the Zen 4 with oneDNN capped at those instruction sets): no GEMM there. The amx build's
+# own tiles took 0.28-0.76 of the GEMM's time at 1-512 tokens (SmolLM2's and 1B shapes, 2 threads, a 2-core
+# Xeon with AMX, 2026-12-06): no GEMM there either; the entry below is for AMX CPUs on the avx512_bf16 build.
 ONEDNN_BF16_MIN_TOKENS = {"amx_bf16": 16}
 
 
-def onednn_bf16_min_tokens() -> int:
-    """From how many tokens bf16 linears take oneDNN's GEMM here (ONEDNN_BF16_MIN_TOKENS), 0 for never."""
+def onednn_bf16_min_tokens(isa: str | None = None) -> int:
+    """From how many tokens bf16 linears take oneDNN's GEMM with the `isa` build (default: this CPU's best;
+    ONEDNN_BF16_MIN_TOKENS), 0 for never: the amx build's own tiles beat it at every size."""
     forced = os.environ.get("TRITONLLM_ONEDNN_BF16_MIN_TOKENS")
     if forced is not None:
         if not forced.isdigit():
             raise RuntimeError(f"TRITONLLM_ONEDNN_BF16_MIN_TOKENS={forced}: a number of tokens, 0 for never")
         return int(forced)
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if (isa or selected_isa()) == "amx" or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return 0
     flags = set(cpu_flags())
     return next((tokens for flag, tokens in ONEDNN_BF16_MIN_TOKENS.items() if flag in flags), 0)
@@ -158,6 +184,9 @@ def load_kernels(isa: str | None = None) -> ModuleType | None:
     if os.environ.get("TRITONLLM_DISABLE_KERNELS") == "1":
         return None
     isa = isa or selected_isa()
+    if isa == "amx" and not amx_permitted():
+        log.warning("CPU kernels unavailable (the OS refused this process AMX tiles); using the PyTorch path")
+        return None
     use_pinned_ninja()
     try:
         from torch.utils.cpp_extension import load
@@ -180,7 +209,7 @@ def load_kernels(isa: str | None = None) -> ModuleType | None:
     except Exception as exc:  # noqa: BLE001 -- any build failure means: use the PyTorch path
         log.warning("CPU kernels unavailable (%s); using the PyTorch path", exc)
         return None
-    module.set_onednn_bf16_min_tokens(onednn_bf16_min_tokens())
+    module.set_onednn_bf16_min_tokens(onednn_bf16_min_tokens(isa))
     log.info(
         "CPU kernels: %s build, bf16 linears through oneDNN from %s tokens (CPU flags: %s)",
         isa,

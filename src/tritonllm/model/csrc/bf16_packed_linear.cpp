@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx.h"
 #include "errors.h"
 #include "simd.h"
 #include "work_split.h"
@@ -89,6 +90,27 @@ void dispatch_group(int64_t tiles, int64_t tokens, const uint16_t* w, int64_t ti
 }
 #endif
 
+
+#ifdef TRITONLLM_AMX
+// From how many tokens the amx build multiplies packed weights on AMX tiles (amx.h); below, vdpbf16ps as above.
+// A weight tile is 16 pairs of bf16_pack's layout as they lie (64-byte rows), so both paths read the same weights.
+constexpr int64_t kAmxBf16MinTokens = 4;
+
+// out [m, n] (bf16, + bias) for tiles [begin, end), two at a time: amx::bf16_tile_pair.
+void amx_bf16_tiles(const uint16_t* w, int64_t begin, int64_t end, int64_t tile_elems, const uint16_t* x, int64_t m,
+                    int64_t k, const float* bias, int64_t n, uint16_t* out) {
+  amx::Bf16Tiles tiles;
+  for (int64_t tile = begin; tile < end; tile += 2) {
+    const int count = tile + 1 < end ? 2 : 1;
+    tiles.multiply(x, m, k, w + tile * tile_elems, w + (tile + 1) * tile_elems, count, [&](int64_t token, int j, __m512 sums) {
+      const int64_t row = (tile + j) * kPairRows;
+      const __m512 b = bias ? _mm512_loadu_ps(bias + row) : _mm512_setzero_ps();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + token * n + row), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sums, b)));
+    });
+  }
+}
+#endif
+
 }  // namespace
 
 // w bfloat16 [N, K] (K even) -> bfloat16 [ceil(N/16), K/2, 32]: tile t, pair i holds inputs 2i, 2i+1 of rows
@@ -139,6 +161,15 @@ void bf16_packed_linear_into(const at::Tensor& x, const at::Tensor& packed, cons
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int64_t tile_elems = packed.size(1) * 2 * kPairRows;
+#ifdef TRITONLLM_AMX
+  if (m >= kAmxBf16MinTokens && k % amx::kBf16Inputs == 0) {
+    // Pieces of 8 tiles: a tile configuration a piece (and the short last block of tokens) against 4 tile pairs.
+    work_split::for_each(tiles, 8, [&](int64_t begin, int64_t end) {
+      amx_bf16_tiles(w, begin, end, tile_elems, xp, m, k, bp, n, op);
+    });
+    return;
+  }
+#endif
   // Threads split the tiles (work_split.h), kGroupTiles at a time; each group stays in cache while the tokens go by.
   work_split::for_each(tiles, kGroupTiles, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; tile += kGroupTiles)
@@ -146,7 +177,7 @@ void bf16_packed_linear_into(const at::Tensor& x, const at::Tensor& packed, cons
         dispatch_group<kGroupTiles>(std::min<int64_t>(kGroupTiles, end - tile), m - m0, w, tile, tile_elems, xp, m0, k, bp, n, op);
   });
 #else
-  TORCH_CHECK(false, "packed bf16 weights need the avx512_bf16 build (packs_bf16() is false here)");
+  TORCH_CHECK(false, "packed bf16 weights need the avx512_bf16 or amx build (packs_bf16() is false here)");
 #endif
 }
 

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "errors.h"
 #include "simd.h"
 #include "work_split.h"
@@ -324,6 +325,206 @@ void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, c
 }
 #endif
 
+#ifdef TRITONLLM_AMX
+// From how many tokens the amx build multiplies on AMX tiles; fewer take vnni_tile.
+constexpr int64_t kAmxInt8MinTokens = 16;
+constexpr int kAmxTokens = 16;  // tokens a pass: one activation tile
+constexpr int64_t kAmxPrefetchBytes = 8 * kTileBlock;  // how far ahead the weight stream is prefetched
+
+// A block's 16 rows x 32 weights as a weight tile loads them (8 rows of 64 bytes, chunk c: inputs 4c..4c+3 of
+// the 16 rows, as vpdpbusd takes them): int8's lie in the tile; other formats (int4's nibbles) are widened into
+// `widened` first.
+template <typename Format>
+inline const uint8_t* amx_weights(const uint8_t* block, uint8_t* widened) {
+  if constexpr (std::is_same_v<Format, Int8Format>) {
+    return block + kScaleBytes;
+  } else {
+    __m512i w[8];
+    Format::load_chunks(block, w);
+    for (int c = 0; c < 8; ++c) _mm512_store_si512(widened + kChunkBytes * c, w[c]);
+    return widened;
+  }
+}
+
+// The int32 dot products of up to 16 tokens (xq, rows kp bytes apart) with the tile's 16 rows, for `count`
+// (1-4) blocks from b0, into `products` [block][token][row]: each block in its own sum tile (0-3), activations
+// and weights alternating between tiles 4/6 and 5/7. tdpbsud multiplies the signed activations by the weights
+// as stored (unsigned, + Format::kOffset). GCC's tile intrinsics paste their tile numbers into the instruction,
+// so each block is spelt out.
+template <typename Format>
+inline void amx_block_products(const uint8_t* tile, int64_t b0, int count, const int8_t* xq, int64_t kp,
+                               uint8_t (*widened)[8 * kChunkBytes], int32_t (*products)[kAmxTokens * 16]) {
+  const int8_t* x[4];
+  const uint8_t* w[4];
+  for (int j = 0; j < count; ++j) {
+    x[j] = xq + (b0 + j) * kBlock;
+    w[j] = amx_weights<Format>(tile + (b0 + j) * Format::kBlockBytes, widened[j]);
+    const char* ahead = reinterpret_cast<const char*>(tile + (b0 + j) * Format::kBlockBytes + kAmxPrefetchBytes);
+    for (int64_t line = 0; line < Format::kBlockBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  }
+  constexpr int64_t kRowBytes = 16 * sizeof(int32_t);
+  _tile_zero(0);
+  _tile_loadd(4, x[0], kp);
+  _tile_loadd(6, w[0], kChunkBytes);
+  _tile_dpbsud(0, 4, 6);
+  if (count > 1) {
+    _tile_zero(1);
+    _tile_loadd(5, x[1], kp);
+    _tile_loadd(7, w[1], kChunkBytes);
+    _tile_dpbsud(1, 5, 7);
+  }
+  if (count > 2) {
+    _tile_zero(2);
+    _tile_loadd(4, x[2], kp);
+    _tile_loadd(6, w[2], kChunkBytes);
+    _tile_dpbsud(2, 4, 6);
+  }
+  if (count > 3) {
+    _tile_zero(3);
+    _tile_loadd(5, x[3], kp);
+    _tile_loadd(7, w[3], kChunkBytes);
+    _tile_dpbsud(3, 5, 7);
+  }
+  _tile_stored(0, products[0], kRowBytes);
+  if (count > 1) _tile_stored(1, products[1], kRowBytes);
+  if (count > 2) _tile_stored(2, products[2], kRowBytes);
+  if (count > 3) _tile_stored(3, products[3], kRowBytes);
+}
+
+// out[i][r] (+ bias[r]) for the tile's 16 rows r and `tokens` (<= 16) tokens. Per block, the tile products are
+// taken off the offset (corrections), scaled by the rows' scales x each token's, and added to fp32 sums kept in
+// registers, one per token. Blocks go 4 at a time through the tiles, and the next 4's products are under way
+// while these are scaled (the scaling reads what tile stores just wrote: back to back, they waited on each
+// other). corrections and xs must hold 16 tokens (rows past `tokens` are read and their sums dropped).
+template <typename Format, typename T>
+void amx_tile(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, const int32_t* corrections,
+              const float* xs, int64_t tokens, const float* bias, T* out, int64_t stride) {
+  constexpr int kQuad = 4;
+  alignas(64) int32_t products[2][kQuad][kAmxTokens * 16];
+  alignas(64) uint8_t widened[2][kQuad][8 * kChunkBytes];
+  __m512 sums[kAmxTokens];
+  TRITONLLM_UNROLL for (int i = 0; i < kAmxTokens; ++i) sums[i] = _mm512_setzero_ps();
+  auto scale = [&](int64_t b, const int32_t* block_products) {
+    const __m512 row_scales =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + b * Format::kBlockBytes)));
+    TRITONLLM_UNROLL for (int i = 0; i < kAmxTokens; ++i) {
+      const __m512i dot = _mm512_add_epi32(_mm512_load_si512(block_products + 16 * i), _mm512_set1_epi32(corrections[i * nb + b]));
+      sums[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(row_scales, _mm512_set1_ps(xs[i * nb + b])), sums[i]);
+    }
+  };
+  auto quad = [&](int64_t b0) { return static_cast<int>(std::min<int64_t>(kQuad, nb - b0)); };
+  amx_block_products<Format>(tile, 0, quad(0), xq, kp, widened[0], products[0]);
+  for (int64_t b0 = 0, set = 0; b0 < nb; b0 += kQuad, set ^= 1) {
+    if (b0 + kQuad < nb) amx_block_products<Format>(tile, b0 + kQuad, quad(b0 + kQuad), xq, kp, widened[set ^ 1], products[set ^ 1]);
+    for (int j = 0; j < quad(b0); ++j) scale(b0 + j, products[set][j]);
+  }
+  const __m512 bias_lanes = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  for (int64_t i = 0; i < tokens; ++i) store_rows(_mm512_add_ps(sums[i], bias_lanes), out + i * stride);
+}
+
+// Tiles [begin, end) for all m tokens, 16 tokens at a time; a group of tokens goes through all the tiles before
+// the next (the tiles stay in cache; a short last group is one more tile configuration, not one a tile).
+template <typename Format, typename T>
+void amx_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t tile_bytes, int64_t nb, int64_t kp,
+               const int8_t* xq, const int32_t* corrections, const float* xs, int64_t m, const float* bias, T* out,
+               int64_t n) {
+  for (int64_t m0 = 0; m0 < m; m0 += kAmxTokens) {
+    const int tokens = static_cast<int>(std::min<int64_t>(kAmxTokens, m - m0));
+    amx::configure(tokens, tokens, kBlock, 8);
+    for (int64_t t = begin; t < end; ++t)
+      amx_tile<Format>(wp + t * tile_bytes, nb, kp, xq + m0 * kp, corrections + m0 * nb, xs + m0 * nb, tokens,
+                       bias ? bias + t * kTileRows : nullptr, out + m0 * n + t * kTileRows, n);
+  }
+  _tile_release();
+}
+#endif
+
+#ifdef TRITONLLM_AMX
+// From how many tokens (prefill chunks) the amx build widens the weights to bf16, two tiles at a time into a
+// buffer, and multiplies them by bf16 activations on bf16 tiles (amx::Bf16Tiles: sums over all inputs in the
+// tiles, no per-block scaling). The widening is paid once per tile for all the tokens; tdpbsud's products need
+// scaling per block and token (amx_tile), which held int8 tiles to ~0.8 of bf16's speed at 128-512 tokens.
+constexpr int64_t kAmxWidenMinTokens = 64;
+
+// Where the 16-bit elements of a pair row come from in two vectors of bf16 (lo: rows 0-7, hi: rows 8-15, each
+// row's 4 inputs of a chunk side by side): element 2r + j of pair row `second` takes input 2 x second + j of row r.
+struct PairIndex {
+  alignas(64) int16_t index[2][32];
+  constexpr PairIndex() : index{} {
+    for (int second = 0; second < 2; ++second)
+      for (int e = 0; e < 32; ++e) {
+        const int r = e / 2, input = 2 * second + e % 2;
+        index[second][e] = static_cast<int16_t>(r < 8 ? 4 * r + input : 32 + 4 * (r - 8) + input);
+      }
+  }
+};
+constexpr PairIndex kPairIndex;
+
+// A block of 16 rows x 32 inputs as bf16_pack lays out bf16 weights (16 pairs of inputs x 16 rows x 2), each
+// weight less its format's offset and times its row's scale, rounded to bf16.
+template <typename Format>
+inline void widen_block(const uint8_t* block, uint16_t* pairs) {
+  __m512i w[8];
+  Format::load_chunks(block, w);  // chunk c: inputs 4c..4c+3 of the 16 rows, 4 bytes a row
+  const __m512 row_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+  __m512 scales[4], shifts[4];  // a chunk's quarter q holds rows 4q..4q+3: lane l is row 4q + l / 4
+  for (int q = 0; q < 4; ++q) {
+    const __m512i rows = _mm512_add_epi32(_mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2), _mm512_set1_epi32(4 * q));
+    scales[q] = _mm512_permutexvar_ps(rows, row_scales);
+    shifts[q] = _mm512_mul_ps(scales[q], _mm512_set1_ps(-static_cast<float>(Format::kOffset)));
+  }
+  const __m512i first = _mm512_load_si512(kPairIndex.index[0]), second = _mm512_load_si512(kPairIndex.index[1]);
+  for (int c = 0; c < 8; ++c) {
+    __m512 f[4];
+    f[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 0))), scales[0], shifts[0]);
+    f[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 1))), scales[1], shifts[1]);
+    f[2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 2))), scales[2], shifts[2]);
+    f[3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 3))), scales[3], shifts[3]);
+    const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]), hi = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
+    _mm512_storeu_si512(pairs + 64 * c, _mm512_permutex2var_epi16(lo, first, hi));
+    _mm512_storeu_si512(pairs + 64 * c + 32, _mm512_permutex2var_epi16(lo, second, hi));
+  }
+}
+
+// m rows of k activations as bf16, zero-padded to kp inputs (the bf16 tiles' rows).
+template <typename T>
+void bf16_rows(const T* x, int64_t m, int64_t k, int64_t kp, uint16_t* out) {
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* in = x + i * k;
+      uint16_t* row = out + i * kp;
+      int64_t j = 0;
+      if constexpr (std::is_same_v<T, float>)
+        for (; j + 16 <= k; j += 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(in + j)));
+      for (; j < k; ++j) row[j] = c10::BFloat16(static_cast<float>(in[j])).x;
+      std::fill(row + k, row + kp, uint16_t{0});
+    }
+  });
+}
+
+// out [m, n] (+ bias) for tiles [begin, end) of a packed weight, widened two tiles at a time (widen_block), times
+// xb (bf16 [m, kp]).
+template <typename Format, typename T>
+void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t tile_bytes, int64_t nb, const uint16_t* xb,
+                       int64_t m, const float* bias, T* out, int64_t n) {
+  const int64_t kp = nb * kBlock, tile_elems = kp * kTileRows;
+  thread_local std::vector<uint16_t> widened;
+  if (static_cast<int64_t>(widened.size()) < 2 * tile_elems) widened.resize(2 * tile_elems);
+  amx::Bf16Tiles tiles;
+  for (int64_t t = begin; t < end; t += 2) {
+    const int count = t + 1 < end ? 2 : 1;
+    for (int j = 0; j < count; ++j)
+      for (int64_t b = 0; b < nb; ++b)
+        widen_block<Format>(wp + (t + j) * tile_bytes + b * Format::kBlockBytes, widened.data() + j * tile_elems + b * kBlock * kTileRows);
+    tiles.multiply(xb, m, kp, widened.data(), widened.data() + tile_elems, count, [&](int64_t token, int j, __m512 sums) {
+      const int64_t row = (t + j) * kTileRows;
+      store_rows(_mm512_add_ps(sums, bias ? _mm512_loadu_ps(bias + row) : _mm512_setzero_ps()), out + token * n + row);
+    });
+  }
+}
+#endif
+
 // out[m][r] for a tile's rows and `tokens` tokens (the portable path).
 template <typename Format>
 void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const float* xs, int64_t tokens, float* out) {
@@ -343,6 +544,7 @@ void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const floa
 // or the AVX2 build's absolute values), kept by the calling thread for its next call: a decode step makes ~120
 // int8 linear calls, and allocating these as tensors took four ATen allocations each.
 struct ActivationScratch {
+  std::vector<uint16_t> xb;  // bf16 (the amx build's widened path)
   std::vector<int8_t> xq, abs_xq;
   std::vector<float> xs;
   std::vector<int32_t> corrections;
@@ -359,21 +561,43 @@ template <typename Format, typename T>
 void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
+  T* op = out.data_ptr<T>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  const int64_t tile_bytes = nb * Format::kBlockBytes;
   ActivationScratch& scratch = activation_scratch;
+#ifdef TRITONLLM_AMX
+  if (m >= kAmxWidenMinTokens) {
+    uint16_t* xbp = grown(scratch.xb, m * kp);
+    bf16_rows(x.data_ptr<T>(), m, k, kp, xbp);
+    work_split::for_each(tiles, 2, [&](int64_t begin, int64_t end) {
+      amx_widened_tiles<Format>(wp, begin, end, tile_bytes, nb, xbp, m, bp, op, n);
+    });
+    return;
+  }
+  const int64_t scaled_tokens = (m + kAmxTokens - 1) / kAmxTokens * kAmxTokens;  // amx_tile reads whole groups
+#else
+  const int64_t scaled_tokens = m;
+#endif
   int8_t* xqp = grown(scratch.xq, m * kp);
-  float* xsp = grown(scratch.xs, m * nb);
-  int32_t* correctionp = Format::kOffset != 0 ? grown(scratch.corrections, m * nb) : nullptr;
+  float* xsp = grown(scratch.xs, scaled_tokens * nb);
+  int32_t* correctionp = Format::kOffset != 0 ? grown(scratch.corrections, scaled_tokens * nb) : nullptr;
 #if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512_VNNI)
   int8_t* abs_xqp = Format::kOffset == 0 ? grown(scratch.abs_xq, m * kp) : nullptr;
   quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, abs_xqp, xsp, correctionp, Format::kOffset);
 #else
   quantize_rows(x.data_ptr<T>(), m, k, kp, xqp, nullptr, xsp, correctionp, Format::kOffset);
 #endif
-  T* op = out.data_ptr<T>();
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-  const int64_t tile_bytes = nb * Format::kBlockBytes;
   // One item per tile of rows (work_split.h: each thread streams its own tiles, then helps a delayed one).
+#if defined(TRITONLLM_AMX)
+  if (m >= kAmxInt8MinTokens) {
+    // Pieces of 4 tiles: a tile configuration per piece and group of 16 tokens.
+    work_split::for_each(tiles, 4, [&](int64_t begin, int64_t end) {
+      amx_tiles<Format>(wp, begin, end, tile_bytes, nb, kp, xqp, correctionp, xsp, m, bp, op, n);
+    });
+    return;
+  }
+#endif
 #if defined(TRITONLLM_AVX512_VNNI)
   work_split::for_each(tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
@@ -480,6 +704,16 @@ at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
 void int8_linear_into(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
   check_packed(packed);
   block_linear_into<Int8Format>(x, packed, bias, out);
+}
+
+// From how many tokens int8 and int4 linears multiply bf16 activations by weights widened to bf16 (the amx
+// build); 0: never (int8 activations at every size).
+int64_t widened_min_tokens() {
+#ifdef TRITONLLM_AMX
+  return kAmxWidenMinTokens;
+#else
+  return 0;
+#endif
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {

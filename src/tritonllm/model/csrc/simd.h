@@ -24,6 +24,10 @@
 #if defined(TRITONLLM_AVX512_VNNI) && defined(__AVX512BF16__)
 #define TRITONLLM_AVX512_BF16 1
 #endif
+// AMX tiles too (the amx build: amx.h): bf16 and int8 tile products for linears of several tokens.
+#if defined(TRITONLLM_AVX512_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
+#define TRITONLLM_AMX 1
+#endif
 
 // Before a loop over a register tile's rows or tokens: unrolled early, the tile's accumulator array lives in
 // registers. Unrolled late (GCC 12's default), the array stayed on the stack too and every accumulator was

@@ -1,0 +1,102 @@
+// AMX tiles (the amx build: Xeons from Sapphire Rapids on). The kernels use the eight tile registers as
+// four sums (tiles 0-3: 2 groups of 16 tokens x 2 weight tiles), two activation tiles (4, 5) and two weight
+// tiles (6, 7). The packed weight layouts (bf16_pack's, and the VNNI builds' int8 tiles) are already what a
+// weight tile loads: 64-byte rows, one per pair (bf16) or quad (int8) of inputs, each 16 output rows wide.
+// Linux hands a process AMX state only on request (arch_prctl, once a process): cpu_kernels.py asks before
+// it picks this build, and a CPU or kernel that refuses runs the avx512_bf16 build instead.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "simd.h"
+
+#ifdef TRITONLLM_AMX
+namespace amx {
+
+// The palette-1 tile configuration ldtilecfg loads (Intel SDM, "Tile configuration"): bytes a row and rows
+// of each tile register.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles for `rows0` and `rows1` tokens (1-16 each; a block of up to 32) whose activation rows are
+// `activation_bytes` long (one block of inputs), against weight tiles of `weight_rows` 64-byte rows.
+inline void configure(int rows0, int rows1, int activation_bytes, int weight_rows) {
+  TileConfig config;
+  const int groups[2] = {rows0, rows1};
+  for (int g = 0; g < 2; ++g) {  // a group of no tokens leaves its tiles unconfigured (rows and width 0)
+    const bool used = groups[g] > 0;
+    config.rows[2 * g] = config.rows[2 * g + 1] = config.rows[4 + g] = groups[g];
+    config.colsb[2 * g] = config.colsb[2 * g + 1] = used ? 64 : 0;  // 16 fp32 or int32 sums a token
+    config.colsb[4 + g] = used ? activation_bytes : 0;
+  }
+  config.colsb[6] = config.colsb[7] = 64;
+  config.rows[6] = config.rows[7] = weight_rows;
+  _tile_loadconfig(&config);
+}
+
+constexpr int64_t kBf16Inputs = 32;  // inputs a bf16 weight tile holds: 16 pairs, activation rows of 64 bytes
+
+// Products of bf16 activations with pairs of weight tiles in bf16_pack's layout (16 rows; for each pair of
+// inputs, the rows' two weights side by side: tdpbf16ps's weight tile as it lies, 16 pairs a tile), 32 tokens
+// at a time: tiles 0-3 hold the sums of 2 token groups x 2 weight tiles over all inputs.
+class Bf16Tiles {
+ public:
+  // emit(token, j, sums) for tokens [0, m) of x (bf16 rows of k inputs, k a multiple of 32) and weight tiles
+  // j < count (1 or 2: w0, w1, each k / 2 pairs x 16 rows): sums lane r = row r's dot product with the token.
+  // A pair of weight tiles is read once and stays in cache while the tokens go by.
+  template <typename Emit>
+  void multiply(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w0, const uint16_t* w1, int count, Emit emit) {
+    for (int64_t m0 = 0; m0 < m; m0 += 32) {
+      const int rows = static_cast<int>(std::min<int64_t>(32, m - m0)), rows0 = std::min(rows, 16);
+      if (rows != configured_) {  // the last block of tokens may be short
+        configure(rows0, rows - rows0, 2 * kBf16Inputs, kBf16Inputs / 2);
+        configured_ = rows;
+      }
+      const uint16_t* xm = x + m0 * k;
+      if (rows > 16) {
+        if (count == 2) block<true, true>(xm, k, w0, w1);
+        else block<true, false>(xm, k, w0, w1);
+      } else {
+        if (count == 2) block<false, true>(xm, k, w0, w1);
+        else block<false, false>(xm, k, w0, w1);
+      }
+      for (int j = 0; j < count; ++j)
+        for (int i = 0; i < rows; ++i) emit(m0 + i, j, _mm512_load_ps(sums_ + ((i / 16) * 2 + j) * 256 + (i % 16) * 16));
+    }
+  }
+
+  ~Bf16Tiles() { _tile_release(); }  // a thread holding no tile state saves and restores less at every switch
+
+ private:
+  template <bool TwoGroups, bool TwoTiles>
+  void block(const uint16_t* x, int64_t k, const uint16_t* w0, const uint16_t* w1) {
+    _tile_zero(0);
+    if constexpr (TwoTiles) _tile_zero(1);
+    if constexpr (TwoGroups) _tile_zero(2);
+    if constexpr (TwoGroups && TwoTiles) _tile_zero(3);
+    const int64_t stride = 2 * k;
+    for (int64_t i = 0; i < k; i += kBf16Inputs) {
+      _tile_loadd(4, x + i, stride);
+      if constexpr (TwoGroups) _tile_loadd(5, x + 16 * k + i, stride);
+      _tile_loadd(6, w0 + i * 16, 64);  // input pair i / 2 starts at element i / 2 x 32
+      if constexpr (TwoTiles) _tile_loadd(7, w1 + i * 16, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (TwoTiles) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (TwoGroups) _tile_dpbf16ps(2, 5, 6);
+      if constexpr (TwoGroups && TwoTiles) _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, sums_, 64);
+    if constexpr (TwoTiles) _tile_stored(1, sums_ + 256, 64);
+    if constexpr (TwoGroups) _tile_stored(2, sums_ + 512, 64);
+    if constexpr (TwoGroups && TwoTiles) _tile_stored(3, sums_ + 768, 64);
+  }
+
+  alignas(64) float sums_[4 * 16 * 16];  // [token group x 2 + weight tile][16 tokens][16 rows]
+  int configured_ = -1;
+};
+
+}  // namespace amx
+#endif
