@@ -1,5 +1,6 @@
-// bf16 linears on weights packed for vdpbf16ps (the avx512_bf16 build on CPUs without AMX; linear.cpp keeps
-// the row-major weights that oneDNN's AMX GEMM takes). A tile of 16 rows holds, per pair of inputs, the 16
+// bf16 linears on weights packed for vdpbf16ps (the avx512_bf16 and amx builds; linear.cpp keeps the row-major
+// weights that oneDNN's AMX GEMM takes where an AMX CPU runs the avx512_bf16 build). The amx build multiplies the
+// same tiles on AMX from kAmxBf16MinTokens on (amx.h). A tile of 16 rows holds, per pair of inputs, the 16
 // rows' two weights side by side (64 bytes: oneDNN's "VNNI" layout for bf16): one vdpbf16ps multiplies them by
 // a token's pair repeated 16 times and leaves each row's sum in its own lane. No horizontal sums, and a tile is
 // one contiguous stream. linear.cpp's dot tiles (a row by a token, 32 inputs a step) reduced 16 vectors per tile

@@ -20,6 +20,8 @@
 // Scales kept after all of a tile's weights (aligned chunks, two streams) made batch 1 1.5x slower.
 // vpdpbusd multiplies unsigned by signed bytes: the weights are stored + 128 (as u8) and 128 x each token's
 // block sum, computed once when the activations are quantized, is taken back off.
+// The amx build loads those tiles as they lie into AMX tiles: tdpbsud from 16 tokens (amx_tile), and from 64
+// tokens weights widened to bf16 for tdpbf16ps (amx_widened_tiles).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
