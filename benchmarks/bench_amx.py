@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -177,8 +178,8 @@ def plot(result: dict, path: Path) -> None:
     right.set(ylabel="amx / avx512_bf16 build, time")
     right.set_title("engine, alternating processes")
     right.legend()
-    flags = " ".join(result["cpu_flags"])
-    fig.suptitle(f"AMX tiles against the avx512_bf16 build\nCPU flags: {flags}", fontsize=8)
+    flags = textwrap.fill("CPU flags: " + " ".join(result["cpu_flags"]), 160)
+    fig.suptitle(f"AMX tiles against the avx512_bf16 build\n{flags}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -351,8 +351,8 @@ inline const uint8_t* amx_weights(const uint8_t* block, uint8_t* widened) {
 // The int32 dot products of up to 16 tokens (xq, rows kp bytes apart) with the tile's 16 rows, for `count`
 // (1-4) blocks from b0, into `products` [block][token][row]: each block in its own sum tile (0-3), activations
 // and weights alternating between tiles 4/6 and 5/7. tdpbsud multiplies the signed activations by the weights
-// as stored (unsigned, + Format::kOffset). GCC's tile intrinsics paste their tile numbers into the instruction,
-// so each block is spelt out.
+// as stored (unsigned, + Format::kOffset). GCC's tile intrinsics paste their tile numbers into the instruction:
+// a macro, not a loop, names them.
 template <typename Format>
 inline void amx_block_products(const uint8_t* tile, int64_t b0, int count, const int8_t* xq, int64_t kp,
                                uint8_t (*widened)[8 * kChunkBytes], int32_t (*products)[kAmxTokens * 16]) {
@@ -365,28 +365,19 @@ inline void amx_block_products(const uint8_t* tile, int64_t b0, int count, const
     for (int64_t line = 0; line < Format::kBlockBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
   }
   constexpr int64_t kRowBytes = 16 * sizeof(int32_t);
-  _tile_zero(0);
-  _tile_loadd(4, x[0], kp);
-  _tile_loadd(6, w[0], kChunkBytes);
-  _tile_dpbsud(0, 4, 6);
-  if (count > 1) {
-    _tile_zero(1);
-    _tile_loadd(5, x[1], kp);
-    _tile_loadd(7, w[1], kChunkBytes);
-    _tile_dpbsud(1, 5, 7);
-  }
-  if (count > 2) {
-    _tile_zero(2);
-    _tile_loadd(4, x[2], kp);
-    _tile_loadd(6, w[2], kChunkBytes);
-    _tile_dpbsud(2, 4, 6);
-  }
-  if (count > 3) {
-    _tile_zero(3);
-    _tile_loadd(5, x[3], kp);
-    _tile_loadd(7, w[3], kChunkBytes);
-    _tile_dpbsud(3, 5, 7);
-  }
+// Block j's products into sum tile `sum`, through activation and weight tiles (literal tile numbers).
+#define TRITONLLM_BLOCK_PRODUCT(sum, activations, weights, j) \
+  do {                                                        \
+    _tile_zero(sum);                                          \
+    _tile_loadd(activations, x[j], kp);                       \
+    _tile_loadd(weights, w[j], kChunkBytes);                  \
+    _tile_dpbsud(sum, activations, weights);                  \
+  } while (0)
+  TRITONLLM_BLOCK_PRODUCT(0, 4, 6, 0);
+  if (count > 1) TRITONLLM_BLOCK_PRODUCT(1, 5, 7, 1);
+  if (count > 2) TRITONLLM_BLOCK_PRODUCT(2, 4, 6, 2);
+  if (count > 3) TRITONLLM_BLOCK_PRODUCT(3, 5, 7, 3);
+#undef TRITONLLM_BLOCK_PRODUCT
   _tile_stored(0, products[0], kRowBytes);
   if (count > 1) _tile_stored(1, products[1], kRowBytes);
   if (count > 2) _tile_stored(2, products[2], kRowBytes);
