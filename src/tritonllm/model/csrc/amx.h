@@ -1,6 +1,6 @@
 // AMX tiles (the amx build: Xeons from Sapphire Rapids on). The kernels use the eight tile registers as
-// four sums (tiles 0-3: 2 groups of 16 tokens x 2 weight tiles), two activation tiles (4, 5) and two weight
-// tiles (6, 7). The packed weight layouts (bf16_pack's, and the VNNI builds' int8 tiles) are already what a
+// four sums (tiles 0-3: bf16's 2 groups of 16 tokens x 2 weight tiles, int8's 4 blocks of inputs), two
+// activation tiles (4, 5) and two weight tiles (6, 7). The packed weight layouts (bf16_pack's, and the VNNI builds' int8 tiles) are already what a
 // weight tile loads: 64-byte rows, one per pair (bf16) or quad (int8) of inputs, each 16 output rows wide.
 // Linux hands a process AMX state only on request (arch_prctl, once a process): cpu_kernels.py asks before
 // it picks this build, and a CPU or kernel that refuses runs the avx512_bf16 build instead.

@@ -91,13 +91,12 @@ void dispatch_group(int64_t tiles, int64_t tokens, const uint16_t* w, int64_t ti
 }
 #endif
 
-
 #ifdef TRITONLLM_AMX
 // From how many tokens the amx build multiplies packed weights on AMX tiles (amx.h); below, vdpbf16ps as above.
 // A weight tile is 16 pairs of bf16_pack's layout as they lie (64-byte rows), so both paths read the same weights.
 constexpr int64_t kAmxBf16MinTokens = 4;
 
-// out [m, n] (bf16, + bias) for tiles [begin, end), two at a time: amx::bf16_tile_pair.
+// out [m, n] (bf16, + bias) for tiles [begin, end), two at a time (amx::Bf16Tiles).
 void amx_bf16_tiles(const uint16_t* w, int64_t begin, int64_t end, int64_t tile_elems, const uint16_t* x, int64_t m,
                     int64_t k, const float* bias, int64_t n, uint16_t* out) {
   amx::Bf16Tiles tiles;
