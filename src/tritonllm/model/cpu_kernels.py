@@ -113,7 +113,7 @@ def selected_isa() -> str:
 # the GEMM took 128 tokens on; the packed kernel (bench_bf16_packed.py) then beat it at 128-512 too: no GEMM.
 # Without native bf16 (AVX2, or AVX-512 before BF16) oneDNN converts, and the kernels were 1.8-3.7x faster
 # from 8 tokens on (the Zen 4 with oneDNN capped at those instruction sets): no GEMM there. The amx build's
-# own tiles took 0.28-0.76 of the GEMM's time at 1-512 tokens (SmolLM2's and 1B shapes, 2 threads, a 2-core
+# own tiles took 0.28-0.90 of the GEMM's time at 1-512 tokens (SmolLM2's and 1B shapes, 2 threads, a 2-core
 # Xeon with AMX, 2026-12-06): no GEMM there either; the entry below is for AMX CPUs on the avx512_bf16 build.
 ONEDNN_BF16_MIN_TOKENS = {"amx_bf16": 16}
 
