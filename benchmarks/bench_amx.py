@@ -24,13 +24,12 @@ import os
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_bf16_packed import BODIES, on_huge_pages, paired_times
+from bench_bf16_packed import BODIES, on_huge_pages, paired_times, ratio_figure
 
 from tritonllm.default_model import model_path_or_default
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams
@@ -151,38 +150,24 @@ def engines(args: argparse.Namespace, model: str) -> dict[str, dict[str, float]]
 
 def plot(result: dict, path: Path) -> None:
     """The linears' time ratios by tokens per call, and the engines' ratios."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=[3, 2])
-    tokens = [int(m) for m in result["linears"]]
-    for key, label in (
+    lines = [
         ("int8_amx_over_vnni", "int8: amx / vpdpbusd"),
         ("bf16_amx_over_vdpbf16ps", "bf16: amx / vdpbf16ps"),
         ("bf16_amx_over_onednn", "bf16: amx / oneDNN GEMM"),
-    ):
-        left.plot(tokens, [row[key] for row in result["linears"].values()], marker="o", label=label)
-    left.axhline(1.0, color="grey", lw=0.8)
-    left.set(xscale="log", xlabel="tokens per call", ylabel="time ratio (< 1: amx faster)")
-    left.set_xticks(tokens, [str(m) for m in tokens])
-    left.set_title(f"{result['shape']} linears, paired medians")
-    left.legend()
-    names = list(result.get("engine", {}))
-    for i, key in enumerate(("prefill_s_ratio", "decode_ms_ratio")):
-        ratios = [result["engine"][name][key] for name in names]
-        right.bar([j + 0.4 * i for j in range(len(names))], ratios, width=0.4, label=key.split("_")[0])
-    right.axhline(1.0, color="grey", lw=0.8)
-    right.set_xticks([j + 0.2 for j in range(len(names))], names, fontsize=8)
-    right.set(ylabel="amx / avx512_bf16 build, time")
-    right.set_title("engine, alternating processes")
-    right.legend()
-    flags = textwrap.fill("CPU flags: " + " ".join(result["cpu_flags"]), 160)
-    fig.suptitle(f"AMX tiles against the avx512_bf16 build\n{flags}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    ]
+    engine = result.get("engine", {})
+    bars = {
+        key.split("_")[0]: {n: engine[n][key] for n in engine}
+        for key in ("prefill_s_ratio", "decode_ms_ratio")
+    }
+    labels = {
+        "left_title": f"{result['shape']} linears, paired medians",
+        "left_ylabel": "time ratio (< 1: amx faster)",
+        "right_ylabel": "amx / avx512_bf16 build, time",
+        "right_title": "engine, alternating processes",
+        "title": "AMX tiles against the avx512_bf16 build",
+    }
+    ratio_figure(path, result, lines, bars, labels)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import textwrap
 import time
 from functools import partial
 from pathlib import Path
@@ -148,8 +149,16 @@ def engine_ab(model: str, seqs: int, prompt: int, out: int, rounds: int, threads
     return {"prefill_s": row(0), "decode_step_ms": row(1, 1e3), "tok_s": row(2)}
 
 
-def plot(result: dict, path: Path) -> None:
-    """The linears' time ratios by tokens per call, and the engines' decode-step ratios."""
+def ratio_figure(
+    path: Path,
+    result: dict,
+    lines: list[tuple[str, str]],
+    bars: dict[str, dict[str, float]],
+    labels: dict[str, str],
+) -> None:
+    """Left: the `lines` keys of result["linears"] rows (time ratios) by tokens per call; right: `bars`
+    {series: {engine: ratio}}; a grey line at 1 on both. `labels`: left_title, left_ylabel, right_xlabel,
+    right_ylabel, right_title and title (the CPU flags go under it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,32 +166,50 @@ def plot(result: dict, path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=[3, 2])
     tokens = [int(m) for m in result["linears"]]
-    for key, label in (
-        ("packed_over_tiles", "row-major vdpbf16ps / AVX2 tiles"),
-        ("packed_over_gemm", "oneDNN GEMM"),
-    ):
-        left.plot(
-            tokens, [row[key] for row in result["linears"].values()], marker="o", label=f"packed / {label}"
-        )
+    for key, label in lines:
+        left.plot(tokens, [row[key] for row in result["linears"].values()], marker="o", label=label)
     left.axhline(1.0, color="grey", lw=0.8)
-    left.set(xscale="log", xlabel="tokens per call", ylabel="time ratio (< 1: packed faster)")
+    left.set(xscale="log", xlabel="tokens per call", ylabel=labels["left_ylabel"])
     left.set_xticks(tokens, [str(m) for m in tokens])
-    left.set_title(f"{result['shape']} linears, paired medians")
+    left.set_title(labels["left_title"])
     left.legend()
-    shapes = list(result["engine"])
-    for i, key in enumerate(("prefill_s", "decode_step_ms")):
-        ratios = [result["engine"][shape][key]["ratio"] for shape in shapes]
-        right.bar([j + 0.4 * i for j in range(len(shapes))], ratios, width=0.4, label=key.split("_")[0])
+    names = list(next(iter(bars.values()), {}))
+    for i, (series, ratios) in enumerate(bars.items()):
+        right.bar(
+            [j + 0.4 * i for j in range(len(names))], [ratios[n] for n in names], width=0.4, label=series
+        )
     right.axhline(1.0, color="grey", lw=0.8)
-    right.set_xticks([j + 0.2 for j in range(len(shapes))], shapes)
-    right.set(xlabel="requests x prompt tokens", ylabel="packed / row-major time")
-    right.set_title("engine, paired rounds")
+    right.set_xticks([j + 0.2 for j in range(len(names))], names, fontsize=8)
+    right.set(xlabel=labels.get("right_xlabel", ""), ylabel=labels["right_ylabel"])
+    right.set_title(labels["right_title"])
     right.legend()
-    flags = " ".join(result["cpu_flags"])
-    fig.suptitle(f"bf16 weights packed for vdpbf16ps, {result['isa']} build\nCPU flags: {flags}", fontsize=8)
+    flags = textwrap.fill("CPU flags: " + " ".join(result["cpu_flags"]), 160)
+    fig.suptitle(f"{labels['title']}\n{flags}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot(result: dict, path: Path) -> None:
+    """The linears' time ratios by tokens per call, and the engines' decode-step ratios."""
+    lines = [
+        ("packed_over_tiles", "packed / row-major vdpbf16ps / AVX2 tiles"),
+        ("packed_over_gemm", "packed / oneDNN GEMM"),
+    ]
+    engine = result["engine"]
+    bars = {
+        key.split("_")[0]: {n: engine[n][key]["ratio"] for n in engine}
+        for key in ("prefill_s", "decode_step_ms")
+    }
+    labels = {
+        "left_title": f"{result['shape']} linears, paired medians",
+        "left_ylabel": "time ratio (< 1: packed faster)",
+        "right_xlabel": "requests x prompt tokens",
+        "right_ylabel": "packed / row-major time",
+        "right_title": "engine, paired rounds",
+        "title": f"bf16 weights packed for vdpbf16ps, {result['isa']} build",
+    }
+    ratio_figure(path, result, lines, bars, labels)
 
 
 def main() -> None:

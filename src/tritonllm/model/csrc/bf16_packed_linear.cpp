@@ -102,10 +102,11 @@ void amx_bf16_tiles(const uint16_t* w, int64_t begin, int64_t end, int64_t tile_
   amx::Bf16Tiles tiles;
   for (int64_t tile = begin; tile < end; tile += 2) {
     const int count = tile + 1 < end ? 2 : 1;
+    __m512 bias_rows[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int j = 0; bias && j < count; ++j) bias_rows[j] = _mm512_loadu_ps(bias + (tile + j) * kPairRows);
     tiles.multiply(x, m, k, w + tile * tile_elems, w + (tile + 1) * tile_elems, count, [&](int64_t token, int j, __m512 sums) {
-      const int64_t row = (tile + j) * kPairRows;
-      const __m512 b = bias ? _mm512_loadu_ps(bias + row) : _mm512_setzero_ps();
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + token * n + row), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sums, b)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + token * n + (tile + j) * kPairRows),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sums, bias_rows[j])));
     });
   }
 }

@@ -327,6 +327,13 @@ void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, c
 }
 #endif
 
+// A per-thread buffer of at least `size` elements (kept for the thread's next call).
+template <typename V>
+V* grown(std::vector<V>& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
 #ifdef TRITONLLM_AMX
 // From how many tokens the amx build multiplies on AMX tiles; fewer take vnni_tile.
 constexpr int64_t kAmxInt8MinTokens = 16;
@@ -502,17 +509,19 @@ template <typename Format, typename T>
 void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t tile_bytes, int64_t nb, const uint16_t* xb,
                        int64_t m, const float* bias, T* out, int64_t n) {
   const int64_t kp = nb * kBlock, tile_elems = kp * kTileRows;
-  thread_local std::vector<uint16_t> widened;
-  if (static_cast<int64_t>(widened.size()) < 2 * tile_elems) widened.resize(2 * tile_elems);
+  thread_local std::vector<uint16_t> widened_tiles;
+  uint16_t* widened = grown(widened_tiles, 2 * tile_elems);
   amx::Bf16Tiles tiles;
   for (int64_t t = begin; t < end; t += 2) {
     const int count = t + 1 < end ? 2 : 1;
-    for (int j = 0; j < count; ++j)
+    __m512 bias_rows[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int j = 0; j < count; ++j) {
+      if (bias) bias_rows[j] = _mm512_loadu_ps(bias + (t + j) * kTileRows);
       for (int64_t b = 0; b < nb; ++b)
-        widen_block<Format>(wp + (t + j) * tile_bytes + b * Format::kBlockBytes, widened.data() + j * tile_elems + b * kBlock * kTileRows);
-    tiles.multiply(xb, m, kp, widened.data(), widened.data() + tile_elems, count, [&](int64_t token, int j, __m512 sums) {
-      const int64_t row = (t + j) * kTileRows;
-      store_rows(_mm512_add_ps(sums, bias ? _mm512_loadu_ps(bias + row) : _mm512_setzero_ps()), out + token * n + row);
+        widen_block<Format>(wp + (t + j) * tile_bytes + b * Format::kBlockBytes, widened + j * tile_elems + b * kBlock * kTileRows);
+    }
+    tiles.multiply(xb, m, kp, widened, widened + tile_elems, count, [&](int64_t token, int j, __m512 sums) {
+      store_rows(_mm512_add_ps(sums, bias_rows[j]), out + token * n + (t + j) * kTileRows);
     });
   }
 }
@@ -544,11 +553,6 @@ struct ActivationScratch {
 };
 thread_local ActivationScratch activation_scratch;
 
-template <typename V>
-V* grown(std::vector<V>& buffer, int64_t size) {
-  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-  return buffer.data();
-}
 
 template <typename Format, typename T>
 void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
