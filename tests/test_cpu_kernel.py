@@ -221,7 +221,9 @@ def test_long_contexts_split_across_threads_match_torch(
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_bf16_cache_at_llama_head_sizes_matches_torch(isa: str, dtype: torch.dtype, head_dim: int) -> None:
     """A bf16 cache at head sizes 64 and 128, the ones the avx512_bf16 build runs through vdpbf16ps (fp32
-    queries as two bf16 parts, 16 keys a group, values two at a time): groups of fewer than 16 keys (lengths
+    queries as two bf16 parts, 16 keys a group, values two at a time) and the amx build scores on AMX tiles
+    (where the parts fit four weight tiles: head size 64, and 128 with bf16 queries; fp32 queries at 128 take
+    vdpbf16ps there too): groups of fewer than 16 keys (lengths
     not a multiple of 16), spans that start inside a block (the lone 707-key sequence is cut at 354 keys on
     one thread, 177 on two), odd runs of values, and a scale that leaves bf16 queries' low parts non-zero. The
     queries carry SmolLM2-like outlier dims (scores ~10x), where rounding fp32 queries to one bf16 part would

@@ -37,6 +37,11 @@ inline void configure(int rows0, int rows1, int activation_bytes, int weight_row
   _tile_loadconfig(&config);
 }
 
+// GCC 12's _tile_loadd is an asm statement that names no memory operand, so the compiler may move or drop stores
+// to a buffer that only tile loads read (it dropped a local buffer's stores outright: the tiles loaded garbage).
+// Call this between writing such a buffer and loading it into tiles.
+inline void stores_before_tile_loads() { __asm__ volatile("" ::: "memory"); }
+
 constexpr int64_t kBf16Inputs = 32;  // inputs a bf16 weight tile holds: 16 pairs, activation rows of 64 bytes
 
 // Products of bf16 activations with pairs of weight tiles in bf16_pack's layout (16 rows; for each pair of

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "simd.h"
 
 #ifdef TRITONLLM_AVX512_BF16
@@ -101,6 +102,100 @@ inline void scores(Query& q, int64_t group, int64_t d, const at::BFloat16* k, in
   if (d == 64) q.split ? scores_of_run<64, true>(q, group, k, run, len, out) : scores_of_run<64, false>(q, group, k, run, len, out);
   else q.split ? scores_of_run<128, true>(q, group, k, run, len, out) : scores_of_run<128, false>(q, group, k, run, len, out);
 }
+
+#ifdef TRITONLLM_AMX
+// The same scores on AMX tiles (the amx build), 16 keys a tdpbf16ps: tile 0 sums the keys' rows as they lie in the
+// cache (tiles 1 and 2: 16 keys x 32 dims, one per 32 dims) times the group's queries as a weight tile (tiles
+// 4-7: 16 pairs of dims x G heads, the hi and lo parts each their own tile, loaded once a span). A gather a head
+// puts the 16 x G sums in key order. Where vdpbf16ps needs 2 x D / 32 products and a horizontal sum per key and
+// head, this is D / 32 tile products (twice with lo parts) per 16 keys for the whole group. It takes what fits
+// the four weight tiles: D / 32 x parts <= 4 (head size 64, or 128 with bf16 queries), and groups up to 16 heads.
+class Tiles {
+ public:
+  // Loads q's parts into the weight tiles; false (nothing loaded) where they do not fit.
+  bool load(const Query& q, int64_t group, int64_t d) {
+    const int parts = q.split ? 2 : 1, steps = static_cast<int>(d / 32);
+    if (group > 16 || steps * parts > 4) return false;
+    amx::TileConfig config;
+    config.rows[0] = config.rows[1] = config.rows[2] = 16;
+    config.colsb[0] = static_cast<uint16_t>(4 * group);
+    config.colsb[1] = config.colsb[2] = 64;
+    alignas(64) uint32_t pairs[16 * 16];
+    for (int s = 0; s < steps; ++s)
+      for (int part = 0; part < parts; ++part) {
+        const int tile = 4 + s * parts + part;
+        config.rows[tile] = 16;
+        config.colsb[tile] = static_cast<uint16_t>(4 * group);
+      }
+    _tile_loadconfig(&config);
+    loaded_ = true;
+    for (int s = 0; s < steps; ++s)
+      for (int part = 0; part < parts; ++part) {
+        const uint16_t* src = (part == 0 ? q.hi : q.lo).data() + 32 * s;
+        for (int p = 0; p < 16; ++p)  // row p: each head's dims 32s + 2p and 32s + 2p + 1
+          for (int64_t g = 0; g < group; ++g) std::memcpy(&pairs[p * group + g], src + g * d + 2 * p, 4);
+        amx::stores_before_tile_loads();
+        switch (s * parts + part) {  // tile numbers must be literals
+          case 0: _tile_loadd(4, pairs, 4 * group); break;
+          case 1: _tile_loadd(5, pairs, 4 * group); break;
+          case 2: _tile_loadd(6, pairs, 4 * group); break;
+          default: _tile_loadd(7, pairs, 4 * group); break;
+        }
+      }
+    return true;
+  }
+
+  // decode_bf16::scores on the loaded tiles (same arguments).
+  void scores(Query& q, int64_t group, int64_t d, const at::BFloat16* k, int64_t run, int64_t len, float* out) {
+    if (d == 64) q.split ? run_scores<64, true>(q, group, k, run, len, out) : run_scores<64, false>(q, group, k, run, len, out);
+    else run_scores<128, false>(q, group, k, run, len, out);
+  }
+
+  ~Tiles() {
+    if (loaded_) _tile_release();
+  }
+
+ private:
+  template <int D, bool kSplit>
+  void run_scores(Query& q, int64_t group, const at::BFloat16* k, int64_t run, int64_t len, float* out) {
+    const __m512i rows = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    for (int64_t j = 0; j < run; j += 16) {
+      const int64_t keys = std::min<int64_t>(16, run - j);
+      const at::BFloat16* first = k + j * D;
+      if (keys < 16) {  // a full tile of rows from a zero-padded copy: reading past the run could leave the cache
+        q.padded.assign(16 * D, at::BFloat16(0.f));
+        std::copy(first, first + keys * D, q.padded.begin());
+        first = q.padded.data();
+        amx::stores_before_tile_loads();
+      }
+      _tile_zero(0);
+      _tile_loadd(1, first, 2 * D);
+      _tile_dpbf16ps(0, 1, 4);
+      if constexpr (kSplit) _tile_dpbf16ps(0, 1, 5);
+      _tile_loadd(2, first + 32, 2 * D);
+      if constexpr (kSplit) {
+        _tile_dpbf16ps(0, 2, 6);
+        _tile_dpbf16ps(0, 2, 7);
+      } else {
+        _tile_dpbf16ps(0, 2, 5);
+      }
+      if constexpr (D == 128) {
+        _tile_loadd(1, first + 64, 2 * D);
+        _tile_dpbf16ps(0, 1, 6);
+        _tile_loadd(2, first + 96, 2 * D);
+        _tile_dpbf16ps(0, 2, 7);
+      }
+      _tile_stored(0, sums_, 64);
+      const __mmask16 live = static_cast<__mmask16>((1u << keys) - 1);
+      for (int64_t g = 0; g < group; ++g)
+        _mm512_mask_storeu_ps(out + g * len + j, live, _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(static_cast<int>(g))), sums_, 4));
+    }
+  }
+
+  alignas(64) float sums_[16 * 16];  // [key][head]
+  bool loaded_ = false;
+};
+#endif
 
 // Probabilities [rows, len] as bf16 rows of len + 1 (a zero last: an odd run's pair reads one past it).
 inline void bf16_probabilities(const float* p, int64_t rows, int64_t len, std::vector<uint16_t>& out) {

@@ -351,6 +351,7 @@ inline const uint8_t* amx_weights(const uint8_t* block, uint8_t* widened) {
     __m512i w[8];
     Format::load_chunks(block, w);
     for (int c = 0; c < 8; ++c) _mm512_store_si512(widened + kChunkBytes * c, w[c]);
+    amx::stores_before_tile_loads();
     return widened;
   }
 }
@@ -520,6 +521,7 @@ void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t ti
       for (int64_t b = 0; b < nb; ++b)
         widen_block<Format>(wp + (t + j) * tile_bytes + b * Format::kBlockBytes, widened + j * tile_elems + b * kBlock * kTileRows);
     }
+    amx::stores_before_tile_loads();
     tiles.multiply(xb, m, kp, widened, widened + tile_elems, count, [&](int64_t token, int j, __m512 sums) {
       store_rows(_mm512_add_ps(sums, bias_rows[j]), out + token * n + (t + j) * kTileRows);
     });

@@ -6,7 +6,7 @@
 // An int8 cache (kv_rows.h) is read as its int8 values: each key's scale multiplies its scores, each value's
 // its probabilities, so the dot products are those of the float caches.
 // A bf16 cache on AVX512_BF16 CPUs (head sizes 64 and 128) takes decode_bf16.h's vdpbf16ps paths instead of
-// widening its values for fp32 FMAs.
+// widening its values for fp32 FMAs; the amx build scores its keys on AMX tiles where the queries fit them.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
@@ -126,6 +126,10 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
   thread_local decode_bf16::Query bf16_query;
   const bool bf16_dots = std::is_same_v<T, at::BFloat16> && decode_bf16::supports(d);
   if (bf16_dots) bf16_query.set(q, geo.group * d);
+#ifdef TRITONLLM_AMX
+  decode_bf16::Tiles tiles;
+  const bool tile_dots = bf16_dots && tiles.load(bf16_query, geo.group, d);
+#endif
 #endif
   for (int64_t t = begin; t < end;) {
     const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
@@ -140,7 +144,11 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
 #ifdef TRITONLLM_AVX512_BF16
     if constexpr (std::is_same_v<T, at::BFloat16>)
       if (bf16_dots) {
-        decode_bf16::scores(bf16_query, geo.group, d, k, run, len, out);
+#ifdef TRITONLLM_AMX
+        if (tile_dots) tiles.scores(bf16_query, geo.group, d, k, run, len, out);
+        else
+#endif
+          decode_bf16::scores(bf16_query, geo.group, d, k, run, len, out);
         j = run;
       }
 #endif
