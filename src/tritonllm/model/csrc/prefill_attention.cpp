@@ -11,6 +11,7 @@
 // instruction into fp32 sums, with key and value tiles laid out in pairs as the instruction reads them
 // (Bf16PairTiles). An int8 cache (kv_rows.h) goes through the same tiles: its int8 values are exact in bf16, each
 // key's scale multiplies its scores and each value's its probabilities; other builds convert it to fp32 tiles.
+// The amx build multiplies the same pair layouts on AMX tiles, 16 rows of queries or probabilities at a time.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
@@ -23,6 +24,7 @@
 #include <limits>
 #include <vector>
 
+#include "amx.h"
 #include "errors.h"
 #include "kv_rows.h"
 #include "simd.h"
@@ -309,6 +311,60 @@ void accumulate_rows_bf16(const uint32_t* p, const uint16_t* values, int64_t pai
   }
 }
 
+#ifdef TRITONLLM_AMX
+// The same products on AMX tiles (the amx build), 16 rows at a time: the pair layouts above are what tdpbf16ps
+// reads as they lie (queries and probabilities: 64-byte rows of 32 bf16; kt and values: 16 pairs a weight tile).
+// Every tile is 16 rows x 64 bytes: sums 0-3, rows of queries or probabilities 4 (and 5: the low parts), keys or
+// values 6-7.
+namespace prefill_amx {
+
+inline void configure() {
+  amx::TileConfig config;
+  for (int t = 0; t < 8; ++t) config.rows[t] = 16, config.colsb[t] = 64;
+  _tile_loadconfig(&config);
+}
+
+// scores[r][j] (rows kPairKeys floats apart) = q_r . k_j for 16 rows and kPairKeys keys: q [16, d/2] (and q_lo),
+// kt [d/2, kPairKeys], as score_rows_bf16 takes them.
+template <bool kSplit>
+inline void score_rows(const uint32_t* q, const uint32_t* q_lo, const uint32_t* kt, int64_t pairs, float* scores) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t p = 0; p < pairs; p += 16) {
+    _tile_loadd(4, q + p, pairs * 4);
+    _tile_loadd(6, kt + p * kPairKeys, kPairKeys * 4);
+    _tile_loadd(7, kt + p * kPairKeys + 16, kPairKeys * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kSplit) {
+      _tile_loadd(5, q_lo + p, pairs * 4);
+      _tile_dpbf16ps(0, 5, 6);
+      _tile_dpbf16ps(1, 5, 7);
+    }
+  }
+  _tile_stored(0, scores, kPairKeys * 4);
+  _tile_stored(1, scores + 16, kPairKeys * 4);
+}
+
+// acc[r] += sum_j p[r][j] * v_j for 16 rows (d floats apart): p [16, kPairKeys / 2], values [kPairKeys / 2, d, 2],
+// as accumulate_rows_bf16 takes them (which also rescales acc: done before, here).
+inline void accumulate_rows(const uint32_t* p, const uint16_t* values, int64_t d, float* acc) {
+  _tile_loadd(4, p, kPairKeys / 2 * 4);
+  for (int64_t i = 0; i < d; i += 32) {
+    _tile_loadd(0, acc + i, d * 4);
+    _tile_loadd(1, acc + i + 16, d * 4);
+    _tile_loadd(6, values + 2 * i, d * 4);
+    _tile_loadd(7, values + 2 * (i + 16), d * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_stored(0, acc + i, d * 4);
+    _tile_stored(1, acc + i + 16, d * 4);
+  }
+}
+
+}  // namespace prefill_amx
+#endif
+
 // A row of d int8 values (d a multiple of 16) as bf16, exactly.
 inline void widen_int8_row(const int8_t* src, int64_t d, at::BFloat16* dst) {
   for (int64_t i = 0; i < d; i += 16) {
@@ -334,7 +390,16 @@ struct Bf16PairTiles {
   Bf16PairTiles(int64_t rows, int64_t d)
       : query(rows * d / 2), query_lo(kSplitQuery ? rows * d / 2 : 0), kt(d / 2 * kKeys), probs(rows * kKeys / 2),
         values(kKeys * d), wide_keys(kv_rows::kQuantized<C> ? kKeys * d : 0),
-        wide_values(kv_rows::kQuantized<C> ? kKeys * d : 0), d(d) {}
+        wide_values(kv_rows::kQuantized<C> ? kKeys * d : 0), d(d) {
+#ifdef TRITONLLM_AMX
+    prefill_amx::configure();  // this thread's tiles for the whole kernel (rows: a multiple of 16, kQueryTile x group)
+#endif
+  }
+#ifdef TRITONLLM_AMX
+  ~Bf16PairTiles() { _tile_release(); }
+  Bf16PairTiles(const Bf16PairTiles&) = delete;
+  Bf16PairTiles& operator=(const Bf16PairTiles&) = delete;
+#endif
 
   template <typename T>
   void set_query(int64_t r, const T* src, float scale) {
@@ -385,14 +450,22 @@ struct Bf16PairTiles {
   }
   void score(int64_t first, int64_t rows, float* scores) const {
     const int64_t pairs = d / 2;
+#ifdef TRITONLLM_AMX
+    // Blocks of 16 rows from first rounded down: rows before first and past rows (still inside the buffers, which
+    // hold a multiple of 16) are scored too, and nobody reads those scores.
+    amx::stores_before_tile_loads();
+    for (int64_t r = first / 16 * 16; r < rows; r += 16)
+      prefill_amx::score_rows<kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
+#else
     int64_t r = first;
     for (; r + kScoreRows <= rows; r += kScoreRows)
       score_rows_bf16<kScoreRows, kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
     for (; r < rows; ++r)
       score_rows_bf16<1, kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
+#endif
     if constexpr (kv_rows::kQuantized<C>) {
       const __m512 low = _mm512_load_ps(key_scale), high = _mm512_load_ps(key_scale + 16);
-      for (r = first; r < rows; ++r) {
+      for (int64_t r = first; r < rows; ++r) {
         _mm512_storeu_ps(&scores[r * kKeys], _mm512_mul_ps(low, _mm512_loadu_ps(&scores[r * kKeys])));
         _mm512_storeu_ps(&scores[r * kKeys + 16], _mm512_mul_ps(high, _mm512_loadu_ps(&scores[r * kKeys + 16])));
       }
@@ -407,6 +480,20 @@ struct Bf16PairTiles {
       }
       _mm512_storeu_si512(&probs[r * kKeys / 2], (__m512i)_mm512_cvtne2ps_pbh(high, low));
     }
+#ifdef TRITONLLM_AMX
+    // Blocks of 16 rows from first rounded down: the rows before first keep their sums (zero probabilities, no
+    // rescaling); the padding keys' probabilities are zeros (softmax_step) times zero values.
+    const int64_t block_first = first / 16 * 16;
+    std::fill(probs.begin() + block_first * kKeys / 2, probs.begin() + first * kKeys / 2, 0u);
+    for (int64_t r = first; r < rows; ++r) {
+      const __m512 scale = _mm512_set1_ps(rescale[r]);
+      for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(acc + r * d + i, _mm512_mul_ps(scale, _mm512_loadu_ps(acc + r * d + i)));
+    }
+    amx::stores_before_tile_loads();
+    for (int64_t r = block_first; r < rows; r += 16) prefill_amx::accumulate_rows(&probs[r * kKeys / 2], values.data(), d, &acc[r * d]);
+    (void)run;
+    return;
+#endif
     const int64_t pairs = (run + 1) / 2;
     int64_t r = first;
     for (; r + kValueRows <= rows; r += kValueRows)
