@@ -5,6 +5,9 @@ machines drift):
            for tdpbf16ps from 64) and on the avx512_bf16 build (vpdpbusd); packed bf16 on the amx build
            (tdpbf16ps from 4 tokens) and on the avx512_bf16 build (vdpbf16ps); oneDNN's bf16 GEMM on row-major
            weights (what the avx512_bf16 build hands 16 tokens or more on AMX CPUs)
+  attention  decode attention (30 layers' bf16 caches) and prefill attention (one prompt), fp32 and bf16
+           queries: the amx build (keys scored on tiles; prefill's scores and value sums on tiles) against
+           the avx512_bf16 build (vdpbf16ps), in one process
   engine   whole engines (int8, and bf16 with --quantization none), one process per build and round,
            alternating (TRITONLLM_CPU_ISA=amx or avx512_bf16, each build's defaults): the time until every
            prompt has its first token, and the median decode-only step
@@ -25,7 +28,9 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +92,54 @@ def linears(body: str, tokens: list[int], rounds: int) -> dict[str, dict[str, fl
             f"(int8 amx {row['int8_amx_ms']:.2f} ms, bf16 amx {row['bf16_amx_ms']:.2f} ms)",
             flush=True,
         )
+    return out
+
+
+def decode_layers(kernels: ModuleType, q: torch.Tensor, layers: list, tables, lengths) -> list:
+    """One decode step's attention over every layer's (keys, values) caches."""
+    return [kernels.paged_decode_attention(q, k, v, tables, lengths, 0.125) for k, v in layers]
+
+
+def prefill_prompt(kernels: ModuleType, q: torch.Tensor, layers: list, tables, lengths) -> torch.Tensor:
+    """One prompt's prefill attention over its own keys (layers: one (keys, values) pair)."""
+    (keys, values), starts = layers[0], torch.tensor([0, q.shape[0]])
+    return kernels.paged_prefill_attention(q, keys, values, tables, starts, lengths, 0.125)
+
+
+def attention(decode: list[tuple[int, int]], prefill: list[int], rounds: int) -> dict[str, dict]:
+    """Decode and prefill attention over bf16 caches (SmolLM2's geometry: 9 heads, 3 kv heads, head size 64,
+    blocks of 16), the amx build's tile products against the avx512_bf16 build's vdpbf16ps, in one process:
+    decode over 30 layers' caches (shuffled blocks), prefill of one prompt over its own keys; fp32 queries
+    (the int8 engine's) and bf16 (the bf16 engine's)."""
+    builds = {"amx": load_kernels("amx"), "avx512_bf16": load_kernels("avx512_bf16")}
+    gen = torch.Generator().manual_seed(0)
+    kv_heads, heads, head_dim, block = 3, 9, 64, 16
+    # (name, step, queries a layer, sequences, keys each, layers)
+    cases = [("decode", decode_layers, seqs, seqs, keys, 30) for seqs, keys in decode]
+    cases += [("prefill", prefill_prompt, length, 1, length, 1) for length in prefill]
+    out: dict[str, dict] = {}
+    for kind, step, queries, seqs, keys, count in cases:
+        per_seq = -(-keys // block)
+        shape = (kv_heads, seqs * per_seq, block, head_dim)
+        layers = [tuple(torch.randn(shape, generator=gen).bfloat16() for _ in range(2)) for _ in range(count)]
+        tables = torch.stack([torch.randperm(seqs * per_seq, generator=gen)[:per_seq] for _ in range(seqs)])
+        lengths = torch.full((seqs,), keys)
+        for dtype, q_name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            q = torch.randn(queries, heads, head_dim, generator=gen).to(dtype)
+            paths = {b: partial(step, k, q, layers, tables, lengths) for b, k in builds.items()}
+            for path in paths.values():
+                path()  # warm-up: a thread's first tile instruction makes the kernel grow its saved state
+            times = paired_times(paths, rounds)
+            row = {f"{b}_ms": statistics.median(t) * 1e3 for b, t in times.items()}
+            pairs = zip(times["amx"], times["avx512_bf16"], strict=True)
+            row["ratio"] = statistics.median(a / b for a, b in pairs)
+            name = f"{kind} {seqs}x{keys} {q_name} q" if kind == "decode" else f"{kind} {keys} {q_name} q"
+            out[name] = row
+            print(
+                f"{name}: amx {row['amx_ms']:.2f} ms, avx512_bf16 {row['avx512_bf16_ms']:.2f} ms "
+                f"({row['ratio']:.2f})",
+                flush=True,
+            )
     return out
 
 
@@ -180,6 +233,12 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(BODIES), default="smol", help="linears: whose layer shapes")
     parser.add_argument("--tokens", default="1,2,4,8,16,32,64,128,512", help="linears: tokens per call")
     parser.add_argument("--rounds", type=int, default=7, help="linears: paired rounds")
+    parser.add_argument(
+        "--decode-attention", default="32x256,1x1000", help='attention: sequences x keys ("": none)'
+    )
+    parser.add_argument(
+        "--prefill-attention", default="128,1024", help='attention: prompt lengths ("": none)'
+    )
     parser.add_argument("--model", help="engine: HF folder (default: SmolLM2-135M-Instruct)")
     parser.add_argument(
         "--engine-shapes", default="1x512,32x128", help='engine: sequences x prompt ("": none)'
@@ -199,11 +258,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result = {"cpu_flags": cpu_flags(), "load_average": os.getloadavg(), "shape": args.shape}
     print(f"CPU flags: {' '.join(cpu_flags())}; load {os.getloadavg()[0]:.2f}")
-    result["linears"] = linears(args.shape, [int(t) for t in args.tokens.split(",")], args.rounds)
+    tokens = [int(t) for t in filter(None, args.tokens.split(","))]
+    result["linears"] = linears(args.shape, tokens, args.rounds)
+    shapes = [shape.split("x") for shape in filter(None, args.decode_attention.split(","))]
+    decode = [(int(seqs), int(keys)) for seqs, keys in shapes]
+    prefill = [int(v) for v in filter(None, args.prefill_attention.split(","))]
+    result["attention"] = attention(decode, prefill, args.rounds)
     result["engine"] = engines(args, str(model_path_or_default(args.model)))
     result["load_average_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(result, indent=1))
-    plot(result, Path(args.out).with_suffix(".png"))
+    if result["linears"]:
+        plot(result, Path(args.out).with_suffix(".png"))
 
 
 if __name__ == "__main__":
