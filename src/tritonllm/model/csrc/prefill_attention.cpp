@@ -314,7 +314,7 @@ void accumulate_rows_bf16(const uint32_t* p, const uint16_t* values, int64_t pai
 #ifdef TRITONLLM_AMX
 // The same products on AMX tiles (the amx build), 16 rows at a time: the pair layouts above are what tdpbf16ps
 // reads as they lie (queries and probabilities: 64-byte rows of 32 bf16; kt and values: 16 pairs a weight tile).
-// Every tile is 16 rows x 64 bytes: sums 0-3, rows of queries or probabilities 4 (and 5: the low parts), keys or
+// Every tile is 16 rows x 64 bytes: sums 0-1, rows of queries or probabilities 4 (and 5: the low parts), keys or
 // values 6-7.
 namespace prefill_amx {
 
