@@ -20,7 +20,7 @@ from tritonllm.builder.torch_engine import WEIGHTS_FILE
 from tritonllm.engine import EngineConfig
 from tritonllm.engine_format import read_build_info
 from tritonllm.model.args import UnsupportedModelError
-from tritonllm.model.cpu_kernels import load_kernels
+from tritonllm.model.cpu_kernels import load_kernels, selected_isa
 from tritonllm.precision import TORCH_QUANTIZATIONS
 from tritonllm.triton.models.tensorrt_llm import engine_config
 
@@ -152,13 +152,16 @@ def test_auto_quantization_keeps_what_was_built_else_int8_on_the_kernels(
     engines: dict[str, Path], tiny_llama_dir: Path
 ) -> None:
     """auto (the serving default): an engine directory loads as built, even unquantized; a checkpoint gets
-    int8 where the CPU kernels run (faster than bf16 at every batch size, closer to fp32), fp32 activations.
-    """
+    int8 where the CPU kernels run (faster than bf16 at every batch size, closer to fp32), fp32 activations
+    (bf16 on the amx build)."""
     for built in ("none", "fp8"):
         assert EngineConfig(model=str(engines[built]), quantization="auto").quantization == built
     config = EngineConfig(model=str(tiny_llama_dir), quantization="auto", dtype="auto")
-    on_kernels = load_kernels() is not None
-    assert (config.quantization, config.dtype) == (("int8", "float32") if on_kernels else ("none", "float32"))
+    if load_kernels() is None:
+        assert (config.quantization, config.dtype) == ("none", "float32")
+    else:
+        activations = "bfloat16" if selected_isa() == "amx" else "float32"
+        assert (config.quantization, config.dtype) == ("int8", activations)
 
 
 def test_an_engine_built_for_an_int8_kv_cache_serves_with_one(tiny_llama_dir: Path, tmp_path: Path) -> None:
