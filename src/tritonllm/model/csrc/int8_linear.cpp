@@ -567,8 +567,15 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
   ActivationScratch& scratch = activation_scratch;
 #ifdef TRITONLLM_AMX
   if (m >= kAmxWidenMinTokens) {
-    uint16_t* xbp = grown(scratch.xb, m * kp);
-    bf16_rows(x.data_ptr<T>(), m, k, kp, xbp);
+    // bf16 activations of whole blocks are the tiles' rows as they lie; others are converted (or padded) first.
+    const uint16_t* xbp = nullptr;
+    if constexpr (std::is_same_v<T, at::BFloat16>)
+      if (k == kp) xbp = reinterpret_cast<const uint16_t*>(x.data_ptr<T>());
+    if (xbp == nullptr) {
+      uint16_t* converted = grown(scratch.xb, m * kp);
+      bf16_rows(x.data_ptr<T>(), m, k, kp, converted);
+      xbp = converted;
+    }
     work_split::for_each(tiles, 2, [&](int64_t begin, int64_t end) {
       amx_widened_tiles<Format>(wp, begin, end, tile_bytes, nb, xbp, m, bp, op, n);
     });
