@@ -148,7 +148,7 @@ def one_engine(quantization: str, seqs: int, prompt: int, out_tokens: int, model
     config = EngineConfig(
         model=model,
         num_threads=threads,
-        dtype="auto",  # serving's default: bf16 weights under "none", fp32 activations under int8
+        dtype="auto",  # serving's default: bf16 under "none"; under int8 bf16 activations on amx, else fp32
         quantization=quantization,
         kv_cache_memory_bytes=1 << 30,
     )
