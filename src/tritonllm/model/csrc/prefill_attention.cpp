@@ -491,14 +491,14 @@ struct Bf16PairTiles {
     }
     amx::stores_before_tile_loads();
     for (int64_t r = block_first; r < rows; r += 16) prefill_amx::accumulate_rows(&probs[r * kKeys / 2], values.data(), d, &acc[r * d]);
-    (void)run;
-    return;
-#endif
+    (void)run;  // every pair of the tile is multiplied: past the run, zero probabilities times zero values
+#else
     const int64_t pairs = (run + 1) / 2;
     int64_t r = first;
     for (; r + kValueRows <= rows; r += kValueRows)
       accumulate_rows_bf16<kValueRows>(&probs[r * kKeys / 2], values.data(), pairs, d, &rescale[r], &acc[r * d]);
     for (; r < rows; ++r) accumulate_rows_bf16<1>(&probs[r * kKeys / 2], values.data(), pairs, d, &rescale[r], &acc[r * d]);
+#endif
   }
 };
 #endif
