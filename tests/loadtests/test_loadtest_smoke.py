@@ -70,18 +70,25 @@ def test_constant_users_over_sse_meet_their_slos(triton_server, tiny_llama_dir: 
     assert rebuilt.returncode == 1 and "**MISSED**" in rebuilt.stdout
 
 
-def scrape_until(url: str, series: str, process: subprocess.Popen, deadline: float) -> str:
-    """Poll a worker's /metrics until ``series`` has a positive value (or the run ends)."""
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            text = requests.get(url, timeout=5).text
-        except requests.ConnectionError:
-            text = ""
-        for line in text.splitlines():
-            if line.startswith(series) and float(line.rsplit(" ", 1)[1]) > 0:
-                return text
-        time.sleep(0.5)  # polling interval, bounded by the deadline
-    raise AssertionError(f"{series} never became positive at {url}")
+def scrape_until(urls: list[str], series: str, process: subprocess.Popen, deadline: float) -> list[str]:
+    """Poll the workers' /metrics in turn until ``series`` is positive at every one (or the run ends). Polled
+    one after the other, a late first worker left no time for the second: its endpoint ends with the run."""
+    texts: dict[str, str] = {}
+    while time.monotonic() < deadline and process.poll() is None and len(texts) < len(urls):
+        for url in (u for u in urls if u not in texts):
+            try:
+                text = requests.get(url, timeout=5).text
+            except requests.ConnectionError:
+                text = ""
+            for line in text.splitlines():
+                if line.startswith(series) and float(line.rsplit(" ", 1)[1]) > 0:
+                    texts[url] = text
+        if len(texts) < len(urls):
+            time.sleep(0.5)  # polling interval, bounded by the deadline
+    missing = [url for url in urls if url not in texts]
+    if missing:
+        raise AssertionError(f"{series} never became positive at {', '.join(missing)}")
+    return [texts[url] for url in urls]
 
 
 def test_master_and_two_workers_poisson_over_grpc(triton_server, tiny_llama_dir, tmp_path) -> None:
@@ -98,8 +105,8 @@ def test_master_and_two_workers_poisson_over_grpc(triton_server, tiny_llama_dir,
         deadline = time.monotonic() + RUN_TIMEOUT_S
         # A finished request (tokens are counted earlier, as they arrive).
         series = 'tritonllm_loadtest_requests_total{model="tensorrt_llm_bls",outcome="success"}'
-        for port in (base, base + 1):  # each worker serves its own /metrics
-            text = scrape_until(f"http://127.0.0.1:{port}/metrics", series, process, deadline)
+        urls = [f"http://127.0.0.1:{port}/metrics" for port in (base, base + 1)]  # one /metrics a worker
+        for text in scrape_until(urls, series, process, deadline):
             lines = [line for line in text.splitlines() if 'model="tensorrt_llm_bls"' in line]
             for name in ("ttft_seconds_bucket", "itl_seconds_bucket", "e2e_seconds_count", "users"):
                 assert any(line.startswith(f"tritonllm_loadtest_{name}{{") for line in lines), name
