@@ -24,7 +24,7 @@ inline bool supports(int64_t head_dim) { return head_dim == 64 || head_dim == 12
 struct Query {
   std::vector<uint16_t> hi, lo;
   bool split = false;  // false when every low part is zero (bf16 queries times a power-of-two scale)
-  std::vector<at::BFloat16> padded;  // a last group of fewer than 16 keys, zeros after it
+  simd::LineVector<at::BFloat16> padded;  // a last group of fewer than 16 keys, zeros after it (tile rows)
 
   // The vector form of prefill_attention.cpp's set_query split. One helper for both was tried: the same
   // outputs to the bit, but decode attention over 30 layers' caches took 1.11-1.19x the time (paired, Zen 4;

@@ -114,11 +114,16 @@ inline void store_floats(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
 #endif
 
 // A tile's rows (one vector: 8 lanes, 16 in the VNNI builds) for one token, written straight into the output:
-// fp32 as is, bf16 rounded.
+// fp32 as is, bf16 rounded (to nearest even: one instruction where the CPU has it; lane by lane it took as long as
+// the AMX tile products of a 32-token block).
 template <typename T, typename Vector>
 inline void store_rows(Vector rows, T* out) {
   if constexpr (std::is_same_v<T, float>) {
     store_floats(out, rows);
+#ifdef TRITONLLM_AVX512_BF16
+  } else if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<Vector, __m512>) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(rows));
+#endif
   } else {
     float lanes[kTileRows];
     store_floats(lanes, rows);
@@ -328,8 +333,8 @@ void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, c
 #endif
 
 // A per-thread buffer of at least `size` elements (kept for the thread's next call).
-template <typename V>
-V* grown(std::vector<V>& buffer, int64_t size) {
+template <typename V, typename Allocator>
+V* grown(std::vector<V, Allocator>& buffer, int64_t size) {
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
   return buffer.data();
 }
@@ -505,26 +510,42 @@ void bf16_rows(const T* x, int64_t m, int64_t k, int64_t kp, uint16_t* out) {
 }
 
 // out [m, n] (+ bias) for tiles [begin, end) of a packed weight, widened two tiles at a time (widen_block), times
-// xb (bf16 [m, kp]).
+// xb (bf16 [m, kp]). The next two tiles are widened into a second buffer while the tiles multiply the current two
+// (Bf16Tiles::multiply's beside): vector work the AMX products hide, where widening first cost ~10% at 512 tokens.
 template <typename Format, typename T>
 void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t tile_bytes, int64_t nb, const uint16_t* xb,
                        int64_t m, const float* bias, T* out, int64_t n) {
   const int64_t kp = nb * kBlock, tile_elems = kp * kTileRows;
-  thread_local std::vector<uint16_t> widened_tiles;
-  uint16_t* widened = grown(widened_tiles, 2 * tile_elems);
+  thread_local simd::LineVector<uint16_t> widened_tiles;
+  uint16_t* buffers = grown(widened_tiles, 4 * tile_elems);
+  // Block b (of 2 x nb) of the tiles from `first` into buffer `set`.
+  const auto widen = [&](int64_t first, int set, int64_t b) {
+    const int64_t j = b / nb, block = b % nb;
+    widen_block<Format>(wp + (first + j) * tile_bytes + block * Format::kBlockBytes,
+                        buffers + (2 * set + j) * tile_elems + block * kBlock * kTileRows);
+  };
+  const auto blocks_of = [&](int64_t first) { return std::min<int64_t>(2, end - first) * nb; };
+  for (int64_t b = 0; b < blocks_of(begin); ++b) widen(begin, 0, b);
   amx::Bf16Tiles tiles;
-  for (int64_t t = begin; t < end; t += 2) {
+  const int64_t token_blocks = (m + 31) / 32;
+  for (int64_t t = begin, set = 0; t < end; t += 2, set ^= 1) {
     const int count = t + 1 < end ? 2 : 1;
     __m512 bias_rows[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int j = 0; j < count; ++j) {
-      if (bias) bias_rows[j] = _mm512_loadu_ps(bias + (t + j) * kTileRows);
-      for (int64_t b = 0; b < nb; ++b)
-        widen_block<Format>(wp + (t + j) * tile_bytes + b * Format::kBlockBytes, widened + j * tile_elems + b * kBlock * kTileRows);
-    }
+    for (int j = 0; bias && j < count; ++j) bias_rows[j] = _mm512_loadu_ps(bias + (t + j) * kTileRows);
+    const int64_t next_blocks = t + 2 < end ? blocks_of(t + 2) : 0, per_token_block = (next_blocks + token_blocks - 1) / token_blocks;
+    int64_t widened = 0;
+    const uint16_t* current = buffers + 2 * set * tile_elems;
     amx::stores_before_tile_loads();
-    tiles.multiply(xb, m, kp, widened, widened + tile_elems, count, [&](int64_t token, int j, __m512 sums) {
-      store_rows(_mm512_add_ps(sums, bias_rows[j]), out + token * n + (t + j) * kTileRows);
-    });
+    tiles.multiply(
+        xb, m, kp, current, current + tile_elems, count,
+        [&](int64_t token, int j, __m512 sums) {
+          store_rows(_mm512_add_ps(sums, bias_rows[j]), out + token * n + (t + j) * kTileRows);
+        },
+        [&] {
+          for (const int64_t stop = std::min(next_blocks, widened + per_token_block); widened < stop; ++widened)
+            widen(t + 2, static_cast<int>(set ^ 1), widened);
+        });
+    for (; widened < next_blocks; ++widened) widen(t + 2, static_cast<int>(set ^ 1), widened);
   }
 }
 #endif
@@ -548,8 +569,9 @@ void portable_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const floa
 // or the AVX2 build's absolute values), kept by the calling thread for its next call: a decode step makes ~120
 // int8 linear calls, and allocating these as tensors took four ATen allocations each.
 struct ActivationScratch {
-  std::vector<uint16_t> xb;  // bf16 (the amx build's widened path)
-  std::vector<int8_t> xq, abs_xq;
+  simd::LineVector<uint16_t> xb;  // bf16 (the amx build's widened path: tile rows)
+  simd::LineVector<int8_t> xq;  // tile rows in the amx build
+  std::vector<int8_t> abs_xq;
   std::vector<float> xs;
   std::vector<int32_t> corrections;
 };
@@ -576,7 +598,7 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
       bf16_rows(x.data_ptr<T>(), m, k, kp, converted);
       xbp = converted;
     }
-    work_split::for_each(tiles, 2, [&](int64_t begin, int64_t end) {
+    work_split::for_each(tiles, 8, [&](int64_t begin, int64_t end) {
       amx_widened_tiles<Format>(wp, begin, end, tile_bytes, nb, xbp, m, bp, op, n);
     });
     return;

@@ -11,7 +11,8 @@
 // instruction into fp32 sums, with key and value tiles laid out in pairs as the instruction reads them
 // (Bf16PairTiles). An int8 cache (kv_rows.h) goes through the same tiles: its int8 values are exact in bf16, each
 // key's scale multiplies its scores and each value's its probabilities; other builds convert it to fp32 tiles.
-// The amx build multiplies the same pair layouts on AMX tiles, 16 rows of queries or probabilities at a time.
+// The amx build multiplies the same pair layouts on AMX tiles, 16 rows of queries or probabilities at a time, over
+// 128 keys a step.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
@@ -177,27 +178,22 @@ inline __m512 exp16(__m512 x) {
 }
 #endif
 
-// One step of a row's online softmax over a tile of kKeys scores: the first `seen` become exp(score - the new
-// running max), the rest 0; the running max and sum move on. Returns the factor for the row's earlier sums.
-template <int64_t kKeys>
-inline float softmax_step(float* row, int64_t seen, float& row_max, float& row_sum) {
+// One step of a row's online softmax over a tile's first `width` scores (a multiple of 16): the first `seen`
+// become exp(score - the new running max), the rest 0; the running max and sum move on. Returns the factor for
+// the row's earlier sums.
+inline float softmax_step(float* row, int64_t seen, int64_t width, float& row_max, float& row_sum) {
   float peak = row_max, total = 0.f;
 #ifdef TRITONLLM_AVX512
-  static_assert(kKeys % 16 == 0);
-  constexpr int kVectors = kKeys / 16;
-  __mmask16 live[kVectors];
-  __m512 scores[kVectors], top = _mm512_set1_ps(peak);
-  for (int v = 0; v < kVectors; ++v) {
-    const int64_t count = std::clamp<int64_t>(seen - 16 * v, 0, 16);
-    live[v] = static_cast<__mmask16>((1u << count) - 1);
-    scores[v] = _mm512_loadu_ps(row + 16 * v);
-    top = _mm512_mask_max_ps(top, live[v], top, scores[v]);
-  }
+  const auto live = [seen](int64_t j) {
+    return static_cast<__mmask16>((1u << std::clamp<int64_t>(seen - j, 0, 16)) - 1);
+  };
+  __m512 top = _mm512_set1_ps(peak);
+  for (int64_t j = 0; j < width; j += 16) top = _mm512_mask_max_ps(top, live(j), top, _mm512_loadu_ps(row + j));
   peak = _mm512_reduce_max_ps(top);
   __m512 sum = _mm512_setzero_ps();
-  for (int v = 0; v < kVectors; ++v) {
-    const __m512 e = _mm512_maskz_mov_ps(live[v], exp16(_mm512_sub_ps(scores[v], _mm512_set1_ps(peak))));
-    _mm512_storeu_ps(row + 16 * v, e);
+  for (int64_t j = 0; j < width; j += 16) {
+    const __m512 e = _mm512_maskz_mov_ps(live(j), exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), _mm512_set1_ps(peak))));
+    _mm512_storeu_ps(row + j, e);
     sum = _mm512_add_ps(sum, e);
   }
   total = _mm512_reduce_add_ps(sum);
@@ -206,7 +202,7 @@ inline float softmax_step(float* row, int64_t seen, float& row_max, float& row_s
 #else
   for (int64_t j = 0; j < seen; ++j) peak = std::max(peak, row[j]);
 #pragma omp simd reduction(+ : total)
-  for (int64_t j = 0; j < kKeys; ++j) total += (row[j] = j < seen ? std::exp(row[j] - peak) : 0.f);
+  for (int64_t j = 0; j < width; ++j) total += (row[j] = j < seen ? std::exp(row[j] - peak) : 0.f);
   const float rescale = std::exp(row_max - peak);  // 0 for the row's first tile (its max was -inf)
 #endif
   row_sum = row_sum * rescale + total;
@@ -218,6 +214,7 @@ inline float softmax_step(float* row, int64_t seen, float& row_max, float& row_s
 template <typename C>
 struct Fp32Tiles {
   static constexpr int64_t kKeys = kKeyTile;
+  static constexpr int64_t width = kKeys;  // scores each tile step softmaxes
   std::vector<float> query, kt, values;  // [rows, d] scaled, [d, kKeyTile], [kKeyTile, d]
   int64_t d;
 
@@ -259,7 +256,14 @@ constexpr std::array<uint16_t, 32> interleave_lanes(uint16_t first) {
 }
 alignas(64) constexpr std::array<uint16_t, 32> kPickLow = interleave_lanes(0), kPickHigh = interleave_lanes(16);
 
-constexpr int64_t kPairKeys = 32;  // keys per bf16 tile: the softmax's per-row work spread over twice the keys
+// Keys per bf16 tile step. vdpbf16ps: 32, the softmax's per-row work spread over twice the keys. AMX: 128, so
+// that the sums' rescaling and their tile loads and stores (one per 16 rows and 32 keys at 32 keys a step) happen
+// once per 128 keys; the tile's last step covers its run rounded up to 32 (Bf16PairTiles::width).
+#ifdef TRITONLLM_AMX
+constexpr int64_t kPairKeys = 128;
+#else
+constexpr int64_t kPairKeys = 32;
+#endif
 
 // scores[r][j] = q_r . k_j from bf16 pairs: q [R, d/2] (2 dims a word), kt [d/2, kPairKeys] (key j's dims 2p and
 // 2p+1 at word p * kPairKeys + j). One vdpbf16ps per row, pair of dims and 16 keys; kSplit adds q_lo's (fp32
@@ -314,8 +318,8 @@ void accumulate_rows_bf16(const uint32_t* p, const uint16_t* values, int64_t pai
 #ifdef TRITONLLM_AMX
 // The same products on AMX tiles (the amx build), 16 rows at a time: the pair layouts above are what tdpbf16ps
 // reads as they lie (queries and probabilities: 64-byte rows of 32 bf16; kt and values: 16 pairs a weight tile).
-// Every tile is 16 rows x 64 bytes: sums 0-1, rows of queries or probabilities 4 (and 5: the low parts), keys or
-// values 6-7.
+// Every tile is 16 rows x 64 bytes: sums 0-1 (value sums 0-3), rows of queries or probabilities 4 (and 5: the
+// low parts), keys or values 6-7.
 namespace prefill_amx {
 
 inline void configure() {
@@ -324,41 +328,56 @@ inline void configure() {
   _tile_loadconfig(&config);
 }
 
-// scores[r][j] (rows kPairKeys floats apart) = q_r . k_j for 16 rows and kPairKeys keys: q [16, d/2] (and q_lo),
-// kt [d/2, kPairKeys], as score_rows_bf16 takes them.
+// scores[r][j] (rows kPairKeys floats apart) = q_r . k_j for 16 rows and the first `width` keys (a multiple of
+// 32): q [16, d/2] (and q_lo), kt [d/2, kPairKeys], as score_rows_bf16 takes them.
 template <bool kSplit>
-inline void score_rows(const uint32_t* q, const uint32_t* q_lo, const uint32_t* kt, int64_t pairs, float* scores) {
-  _tile_zero(0);
-  _tile_zero(1);
-  for (int64_t p = 0; p < pairs; p += 16) {
-    _tile_loadd(4, q + p, pairs * 4);
-    _tile_loadd(6, kt + p * kPairKeys, kPairKeys * 4);
-    _tile_loadd(7, kt + p * kPairKeys + 16, kPairKeys * 4);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if constexpr (kSplit) {
-      _tile_loadd(5, q_lo + p, pairs * 4);
-      _tile_dpbf16ps(0, 5, 6);
-      _tile_dpbf16ps(1, 5, 7);
+inline void score_rows(const uint32_t* q, const uint32_t* q_lo, const uint32_t* kt, int64_t pairs, int64_t width,
+                       float* scores) {
+  for (int64_t j = 0; j < width; j += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t p = 0; p < pairs; p += 16) {
+      _tile_loadd(4, q + p, pairs * 4);
+      _tile_loadd(6, kt + p * kPairKeys + j, kPairKeys * 4);
+      _tile_loadd(7, kt + p * kPairKeys + j + 16, kPairKeys * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if constexpr (kSplit) {
+        _tile_loadd(5, q_lo + p, pairs * 4);
+        _tile_dpbf16ps(0, 5, 6);
+        _tile_dpbf16ps(1, 5, 7);
+      }
     }
+    _tile_stored(0, scores + j, kPairKeys * 4);
+    _tile_stored(1, scores + j + 16, kPairKeys * 4);
   }
-  _tile_stored(0, scores, kPairKeys * 4);
-  _tile_stored(1, scores + 16, kPairKeys * 4);
 }
 
-// acc[r] += sum_j p[r][j] * v_j for 16 rows (d floats apart): p [16, kPairKeys / 2], values [kPairKeys / 2, d, 2],
-// as accumulate_rows_bf16 takes them (which also rescales acc: done before, here).
-inline void accumulate_rows(const uint32_t* p, const uint16_t* values, int64_t d, float* acc) {
-  _tile_loadd(4, p, kPairKeys / 2 * 4);
-  for (int64_t i = 0; i < d; i += 32) {
+// acc[r] += sum_j p[r][j] * v_j for 16 rows (d floats apart, d a multiple of 64) over the first `width` keys (a
+// multiple of 32): p [16, kPairKeys / 2], values [kPairKeys / 2, d, 2], as accumulate_rows_bf16 takes them (which
+// also rescales acc: done before, here). 64 lanes of sums stay in tiles 0-3 across the keys.
+inline void accumulate_rows(const uint32_t* p, const uint16_t* values, int64_t d, int64_t width, float* acc) {
+  for (int64_t i = 0; i < d; i += 64) {
     _tile_loadd(0, acc + i, d * 4);
     _tile_loadd(1, acc + i + 16, d * 4);
-    _tile_loadd(6, values + 2 * i, d * 4);
-    _tile_loadd(7, values + 2 * (i + 16), d * 4);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(2, acc + i + 32, d * 4);
+    _tile_loadd(3, acc + i + 48, d * 4);
+    for (int64_t j = 0; j < width; j += 32) {
+      const uint16_t* pairs = values + j * d;  // key pair j / 2 on
+      _tile_loadd(4, p + j / 2, kPairKeys / 2 * 4);
+      _tile_loadd(6, pairs + 2 * i, d * 4);
+      _tile_loadd(7, pairs + 2 * (i + 16), d * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, pairs + 2 * (i + 32), d * 4);
+      _tile_loadd(7, pairs + 2 * (i + 48), d * 4);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_dpbf16ps(3, 4, 7);
+    }
     _tile_stored(0, acc + i, d * 4);
     _tile_stored(1, acc + i + 16, d * 4);
+    _tile_stored(2, acc + i + 32, d * 4);
+    _tile_stored(3, acc + i + 48, d * 4);
   }
 }
 
@@ -380,12 +399,14 @@ inline void widen_int8_row(const int8_t* src, int64_t d, at::BFloat16* dst) {
 template <bool kSplitQuery, typename C = at::BFloat16>
 struct Bf16PairTiles {
   static constexpr int64_t kKeys = kPairKeys;
-  std::vector<uint32_t> query, query_lo, kt, probs;  // [rows, d/2] x 2, [d/2, kKeys], [rows, kKeys/2]: bf16 pairs
-  std::vector<uint16_t> values;                      // [kKeys/2, d, 2]
+  // Tile operands, on cache lines: [rows, d/2] x 2, [d/2, kKeys], [rows, kKeys/2]: bf16 pairs; [kKeys/2, d, 2].
+  simd::LineVector<uint32_t> query, query_lo, kt, probs;
+  simd::LineVector<uint16_t> values;
   // An int8 cache's tile widened to bf16 ([kKeys, d] each), and each key's and value's scale (0 past the run).
   std::vector<at::BFloat16> wide_keys, wide_values;
   alignas(64) float key_scale[kKeys], value_scale[kKeys];
   int64_t d;
+  int64_t width = kKeys;  // the loaded tile's run rounded up to 32: what score, softmax and accumulate cover
 
   Bf16PairTiles(int64_t rows, int64_t d)
       : query(rows * d / 2), query_lo(kSplitQuery ? rows * d / 2 : 0), kt(d / 2 * kKeys), probs(rows * kKeys / 2),
@@ -415,6 +436,7 @@ struct Bf16PairTiles {
   uint32_t* lo_row(int64_t r) { return kSplitQuery ? &query_lo[r * d / 2] : nullptr; }
   const uint32_t* lo_row(int64_t r) const { return kSplitQuery ? &query_lo[r * d / 2] : nullptr; }
   void load(const C* k_cache, const C* v_cache, const int64_t* at, int64_t run) {
+    width = (run + 31) / 32 * 32;
     if constexpr (kv_rows::kQuantized<C>) {
       int64_t rows[kKeys];
       for (int64_t j = 0; j < kKeys; ++j) {
@@ -433,7 +455,7 @@ struct Bf16PairTiles {
   }
   void load_pairs(const at::BFloat16* k_cache, const at::BFloat16* v_cache, const int64_t* at, int64_t run) {
     const int64_t pairs = d / 2;
-    for (int64_t j = 0; j < kKeys; ++j) {
+    for (int64_t j = 0; j < width; ++j) {
       const auto* words = reinterpret_cast<const uint32_t*>(k_cache + at[std::min(j, run - 1)]);
       for (int64_t p = 0; p < pairs; ++p) kt[p * kKeys + j] = j < run ? words[p] : 0;
     }
@@ -441,7 +463,7 @@ struct Bf16PairTiles {
     const auto row = [&](int64_t j, int64_t i) {
       return j < run ? _mm512_loadu_si512(v_cache + at[j] + i) : _mm512_setzero_si512();
     };
-    for (int64_t m = 0; m < kKeys / 2; ++m)
+    for (int64_t m = 0; m < width / 2; ++m)
       for (int64_t i = 0; i < d; i += 32) {
         const __m512i first = row(2 * m, i), second = row(2 * m + 1, i);
         _mm512_storeu_si512(&values[m * 2 * d + 2 * i], _mm512_permutex2var_epi16(first, pick_low, second));
@@ -455,7 +477,7 @@ struct Bf16PairTiles {
     // hold a multiple of 16) are scored too, and nobody reads those scores.
     amx::stores_before_tile_loads();
     for (int64_t r = first / 16 * 16; r < rows; r += 16)
-      prefill_amx::score_rows<kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
+      prefill_amx::score_rows<kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, width, &scores[r * kKeys]);
 #else
     int64_t r = first;
     for (; r + kScoreRows <= rows; r += kScoreRows)
@@ -464,22 +486,21 @@ struct Bf16PairTiles {
       score_rows_bf16<1, kSplitQuery>(&query[r * pairs], lo_row(r), kt.data(), pairs, &scores[r * kKeys]);
 #endif
     if constexpr (kv_rows::kQuantized<C>) {
-      const __m512 low = _mm512_load_ps(key_scale), high = _mm512_load_ps(key_scale + 16);
-      for (int64_t r = first; r < rows; ++r) {
-        _mm512_storeu_ps(&scores[r * kKeys], _mm512_mul_ps(low, _mm512_loadu_ps(&scores[r * kKeys])));
-        _mm512_storeu_ps(&scores[r * kKeys + 16], _mm512_mul_ps(high, _mm512_loadu_ps(&scores[r * kKeys + 16])));
-      }
+      for (int64_t r = first; r < rows; ++r)
+        for (int64_t j = 0; j < width; j += 16)
+          _mm512_storeu_ps(&scores[r * kKeys + j], _mm512_mul_ps(_mm512_load_ps(key_scale + j), _mm512_loadu_ps(&scores[r * kKeys + j])));
     }
   }
   void accumulate(int64_t first, int64_t rows, const float* p, int64_t run, const float* rescale, float* acc) {
-    for (int64_t r = first; r < rows; ++r) {
-      __m512 low = _mm512_loadu_ps(p + r * kKeys), high = _mm512_loadu_ps(p + r * kKeys + 16);
-      if constexpr (kv_rows::kQuantized<C>) {
-        low = _mm512_mul_ps(low, _mm512_load_ps(value_scale));
-        high = _mm512_mul_ps(high, _mm512_load_ps(value_scale + 16));
+    for (int64_t r = first; r < rows; ++r)
+      for (int64_t j = 0; j < width; j += 32) {
+        __m512 low = _mm512_loadu_ps(p + r * kKeys + j), high = _mm512_loadu_ps(p + r * kKeys + j + 16);
+        if constexpr (kv_rows::kQuantized<C>) {
+          low = _mm512_mul_ps(low, _mm512_load_ps(value_scale + j));
+          high = _mm512_mul_ps(high, _mm512_load_ps(value_scale + j + 16));
+        }
+        _mm512_storeu_si512(&probs[r * kKeys / 2 + j / 2], (__m512i)_mm512_cvtne2ps_pbh(high, low));
       }
-      _mm512_storeu_si512(&probs[r * kKeys / 2], (__m512i)_mm512_cvtne2ps_pbh(high, low));
-    }
 #ifdef TRITONLLM_AMX
     // Blocks of 16 rows from first rounded down: the rows before first keep their sums (zero probabilities, no
     // rescaling); the padding keys' probabilities are zeros (softmax_step) times zero values.
@@ -490,7 +511,8 @@ struct Bf16PairTiles {
       for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(acc + r * d + i, _mm512_mul_ps(scale, _mm512_loadu_ps(acc + r * d + i)));
     }
     amx::stores_before_tile_loads();
-    for (int64_t r = block_first; r < rows; r += 16) prefill_amx::accumulate_rows(&probs[r * kKeys / 2], values.data(), d, &acc[r * d]);
+    for (int64_t r = block_first; r < rows; r += 16)
+      prefill_amx::accumulate_rows(&probs[r * kKeys / 2], values.data(), d, width, &acc[r * d]);
     (void)run;  // every pair of the tile is multiplied: past the run, zero probabilities times zero values
 #else
     const int64_t pairs = (run + 1) / 2;
@@ -536,7 +558,8 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     const int64_t rows_max = kQueryTile * group;
     Tiles tiles_of_task(rows_max, d);
     constexpr int64_t kKeys = Tiles::kKeys;
-    std::vector<float> acc(rows_max * d), row_max(rows_max), row_sum(rows_max), rescale(rows_max), scores(rows_max * kKeys);
+    simd::LineVector<float> acc(rows_max * d), scores(rows_max * kKeys);  // the AMX build's tiles load and store them
+    std::vector<float> row_max(rows_max), row_sum(rows_max), rescale(rows_max);
     std::vector<int64_t> row_end(rows_max);  // keys [0, row_end[r]) are row r's
     int64_t at[kKeys];                       // the key tile's rows in the caches
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
@@ -562,7 +585,7 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
         tiles_of_task.score(first_row, rows, scores.data());
         for (int64_t r = first_row; r < rows; ++r) {
           const int64_t seen = std::min(run, row_end[r] - t);  // >= 1 from first_row on
-          rescale[r] = softmax_step<kKeys>(&scores[r * kKeys], seen, row_max[r], row_sum[r]);
+          rescale[r] = softmax_step(&scores[r * kKeys], seen, tiles_of_task.width, row_max[r], row_sum[r]);
         }
         tiles_of_task.accumulate(first_row, rows, scores.data(), run, rescale.data(), acc.data());
         t += run;
