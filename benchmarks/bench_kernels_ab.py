@@ -1,7 +1,9 @@
-"""Decode-step time of one engine with this tree's CPU kernels (A) against another tree's (B), in one process.
+"""Decode-step (or prefill) time of one engine with this tree's CPU kernels (A) against another tree's (B), in
+one process.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python benchmarks/bench_kernels_ab.py --against /tmp/base --quantization int8 --batch 1
+    .venv/bin/python benchmarks/bench_kernels_ab.py --against /tmp/base --prefill --prompt-tokens 1024
 
 Both builds are loaded (B compiled from `<against>/src/tritonllm/model/csrc` under its own name); the engine
 runs the same requests with A, then B, alternating the order each round, and prints each round's median
@@ -49,9 +51,11 @@ def use(kernels) -> None:
         module.load_kernels = lambda *_, k=kernels: k
 
 
-def round_ms(engine: LLMEngine, tag: str, batch: int, prompt: int, tokens: int) -> float:
-    """Median decode-step time (ms) of `batch` requests generating `tokens` each."""
-    params = SamplingParams(max_tokens=tokens, min_tokens=tokens, top_k=1)
+def round_ms(engine: LLMEngine, tag: str, batch: int, prompt: int, tokens: int, prefill: bool) -> float:
+    """Median decode-step time (ms) of `batch` requests generating `tokens` each; with `prefill`, the time
+    until every one of them has its first token."""
+    params = SamplingParams(max_tokens=1 if prefill else tokens, min_tokens=0 if prefill else tokens, top_k=1)
+    started_all = time.perf_counter_ns()
     for i in range(batch):
         engine.add_request(f"{tag}-{i}", [100 + i, *range(101, 100 + prompt)], params)
     steps = []
@@ -59,6 +63,8 @@ def round_ms(engine: LLMEngine, tag: str, batch: int, prompt: int, tokens: int) 
         started = time.perf_counter_ns()
         engine.step()
         steps.append(time.perf_counter_ns() - started)
+    if prefill:
+        return (time.perf_counter_ns() - started_all) / 1e6
     return statistics.median(steps[batch + 1 :]) / 1e6  # after the prefill steps
 
 
@@ -72,6 +78,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prefill", action="store_true", help="time the prompts' prefill, not decode steps")
     args = parser.parse_args()
     builds = {"A": cpu_kernels.load_kernels(), "B": build_other(args.against)}
     config = EngineConfig(
@@ -80,6 +87,7 @@ def main() -> None:
         dtype=args.dtype,
         quantization=args.quantization,
         kv_cache_memory_bytes=256 << 20,
+        enable_prefix_caching=not args.prefill,  # every round's prompts are the same: cached, no prefill
     )
     engine = LLMEngine(config)
     print(f"CPU flags: {' '.join(cpu_kernels.cpu_flags())}; load average {os.getloadavg()}")
@@ -87,13 +95,16 @@ def main() -> None:
     for r in range(args.rounds):
         for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
             use(builds[name])
-            step_ms = round_ms(engine, f"{name}{r}", args.batch, args.prompt_tokens, args.max_tokens)
+            step_ms = round_ms(
+                engine, f"{name}{r}", args.batch, args.prompt_tokens, args.max_tokens, args.prefill
+            )
             times[name].append(step_ms)
         a, b = times["A"][-1], times["B"][-1]
         print(f"round {r + 1}/{args.rounds}: A {a:.2f} ms, B {b:.2f} ms", flush=True)
     ratios = [b / a for a, b in zip(times["A"], times["B"], strict=True)]
+    what = f"prefill of {args.batch} x {args.prompt_tokens} tokens" if args.prefill else "step"
     print(
-        f"{args.quantization} batch {args.batch}: step A {statistics.median(times['A']):.2f} ms, "
+        f"{args.quantization} batch {args.batch}: {what} A {statistics.median(times['A']):.2f} ms, "
         f"B {statistics.median(times['B']):.2f} ms; B/A paired median {statistics.median(ratios):.3f} "
         f"({min(ratios):.3f}-{max(ratios):.3f})"
     )
