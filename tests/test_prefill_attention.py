@@ -37,14 +37,14 @@ def torch_prefill_attention(q, k_cache, v_cache, tables, starts, lengths, scale)
 
 
 # (queries, keys) per chunk: a whole prompt, chunks after a cached prefix (ragged and block-aligned), a chunk
-# shorter than a query tile, one longer than several.
-CHUNKS = [(37, 37), (5, 21), (16, 64), (1, 9), (70, 200)]
+# shorter than a query tile, one longer than several, one over three of the amx build's 128-key steps.
+CHUNKS = [(37, 37), (5, 21), (16, 64), (1, 9), (70, 200), (40, 290)]
 
 
 @pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("chunks", [CHUNKS, CHUNKS[:1]], ids=["five", "one"])
+@pytest.mark.parametrize("chunks", [CHUNKS, CHUNKS[:1]], ids=["all", "one"])
 def test_prefill_kernel_matches_torch(isa, dtypes, threads, chunks) -> None:
     kernel = load_kernels(isa)
     dtype, cache_dtype = dtypes
