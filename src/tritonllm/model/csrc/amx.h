@@ -86,9 +86,9 @@ class Bf16Tiles {
     if constexpr (TwoGroups) _tile_zero(2);
     if constexpr (TwoGroups && TwoTiles) _tile_zero(3);
     const int64_t stride = 2 * k;
-    // Each tile is loaded right before the first product that reads it. Tile registers are not renamed: a load
-    // waits for the products still reading the register's old contents, and all four loads up front held the
-    // four products back (30 layers' packed bf16 linears at 512 tokens: 60 ms, 54.5 interleaved).
+    // Each tile is loaded right before the first product that reads it: 30 layers' packed bf16 linears at 512
+    // tokens took 60 ms with the four loads up front, 54.5 so. Their activations come from L2; from L1 the order
+    // makes no difference (benchmarks/bench_amx_tiles.py).
     for (int64_t i = 0; i < k; i += kBf16Inputs) {
       _tile_loadd(4, x + i, stride);
       _tile_loadd(6, w0 + i * 16, 64);  // input pair i / 2 starts at element i / 2 x 32
