@@ -518,22 +518,22 @@ void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t ti
   const int64_t kp = nb * kBlock, tile_elems = kp * kTileRows;
   thread_local simd::LineVector<uint16_t> widened_tiles;
   uint16_t* buffers = grown(widened_tiles, 4 * tile_elems);
-  // Block b (of 2 x nb) of the tiles from `first` into buffer `set`.
-  const auto widen = [&](int64_t first, int set, int64_t b) {
-    const int64_t j = b / nb, block = b % nb;
-    widen_block<Format>(wp + (first + j) * tile_bytes + block * Format::kBlockBytes,
-                        buffers + (2 * set + j) * tile_elems + block * kBlock * kTileRows);
+  // Blocks [from, to) (of 2 x nb) of the two tiles from `first` into buffer `set`.
+  const auto widen = [&](int64_t first, int set, int64_t from, int64_t to) {
+    for (int64_t b = from; b < to; ++b)
+      widen_block<Format>(wp + (first + b / nb) * tile_bytes + b % nb * Format::kBlockBytes,
+                          buffers + (2 * set + b / nb) * tile_elems + b % nb * kBlock * kTileRows);
   };
-  const auto blocks_of = [&](int64_t first) { return std::min<int64_t>(2, end - first) * nb; };
-  for (int64_t b = 0; b < blocks_of(begin); ++b) widen(begin, 0, b);
+  const auto blocks_of = [&](int64_t first) { return first < end ? std::min<int64_t>(2, end - first) * nb : 0; };
+  widen(begin, 0, 0, blocks_of(begin));
   amx::Bf16Tiles tiles;
   const int64_t token_blocks = (m + 31) / 32;
-  for (int64_t t = begin, set = 0; t < end; t += 2, set ^= 1) {
-    const int count = t + 1 < end ? 2 : 1;
+  for (int64_t t = begin; t < end; t += 2) {
+    const int set = static_cast<int>((t - begin) / 2 % 2), count = t + 1 < end ? 2 : 1;
     __m512 bias_rows[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int j = 0; bias && j < count; ++j) bias_rows[j] = _mm512_loadu_ps(bias + (t + j) * kTileRows);
-    const int64_t next_blocks = t + 2 < end ? blocks_of(t + 2) : 0, per_token_block = (next_blocks + token_blocks - 1) / token_blocks;
-    int64_t widened = 0;
+    const int64_t next_blocks = blocks_of(t + 2), per_token_block = (next_blocks + token_blocks - 1) / token_blocks;
+    int64_t widened = 0;  // blocks of the next two tiles widened so far
     const uint16_t* current = buffers + 2 * set * tile_elems;
     amx::stores_before_tile_loads();
     tiles.multiply(
@@ -542,10 +542,11 @@ void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t ti
           store_rows(_mm512_add_ps(sums, bias_rows[j]), out + token * n + (t + j) * kTileRows);
         },
         [&] {
-          for (const int64_t stop = std::min(next_blocks, widened + per_token_block); widened < stop; ++widened)
-            widen(t + 2, static_cast<int>(set ^ 1), widened);
+          const int64_t stop = std::min(next_blocks, widened + per_token_block);
+          widen(t + 2, set ^ 1, widened, stop);
+          widened = stop;
         });
-    for (; widened < next_blocks; ++widened) widen(t + 2, static_cast<int>(set ^ 1), widened);
+    widen(t + 2, set ^ 1, widened, next_blocks);
   }
 }
 #endif
