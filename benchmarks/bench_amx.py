@@ -2,7 +2,7 @@
 machines drift):
   linears  the body's linears (SmolLM2's 30 layers, or 4 of Llama-3.2-1B's, on 2 MB pages) at several token
            counts, in one process: int8 on the amx build (tdpbsud from 16 tokens, weights widened to bf16
-           for tdpbf16ps from 64) and on the avx512_bf16 build (vpdpbusd); packed bf16 on the amx build
+           for tdpbf16ps from 32) and on the avx512_bf16 build (vpdpbusd); packed bf16 on the amx build
            (tdpbf16ps from 4 tokens) and on the avx512_bf16 build (vdpbf16ps); oneDNN's bf16 GEMM on row-major
            weights (what the avx512_bf16 build hands 16 tokens or more on AMX CPUs)
   attention  decode attention (30 layers' bf16 caches) and prefill attention (one prompt), fp32 and bf16

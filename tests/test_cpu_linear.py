@@ -21,10 +21,11 @@ from tritonllm.model.quant import (
 
 # (tokens, out_features, in_features): int8 runs its dot product two tokens at a time (eight in the
 # VNNI builds) at every size (the amx build: AMX tiles from 16 tokens, bf16 tiles on widened weights from
-# 64); bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
+# 32); bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
 # activations on the avx512_bf16 build: its vdpbf16ps tiles at every size; packed: bf16_packed_linear).
 # out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
-# exercise the edges.
+# exercise the edges; 416 and 576 inputs go through the amx build's bf16 tiles in two spans (224 + 192 and
+# 288 + 288 inputs: amx::Bf16Tiles::input_span).
 SHAPES = [
     (1, 7, 64),
     (2, 9, 40),
@@ -40,6 +41,7 @@ SHAPES = [
     (300, 13, 100),
     (64, 33, 64),
     (100, 80, 576),
+    (70, 40, 416),
 ]
 
 
@@ -107,7 +109,7 @@ def test_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
 
 @pytest.mark.skipif("amx" not in supported_isas(), reason="AMX tiles: Xeons from Sapphire Rapids on")
 @pytest.mark.parametrize("fmt", BLOCK_FORMATS)
-@pytest.mark.parametrize("shape", [(16, 48, 576), (20, 33, 96), (33, 100, 1536), (63, 40, 32), (7, 70, 100)])
+@pytest.mark.parametrize("shape", [(16, 48, 576), (20, 33, 96), (31, 100, 1536), (17, 40, 32), (7, 70, 100)])
 def test_amx_block_linears_equal_vnni_to_the_bit(fmt: str, shape: tuple[int, int, int]) -> None:
     """From 16 tokens the amx build multiplies the same tiles on AMX (tdpbsud a block of 32 inputs, 16 tokens
     at a time): the same integer dot products, scaled in the same order as vpdpbusd's, so the same floats, in
@@ -127,7 +129,7 @@ def test_amx_block_linears_equal_vnni_to_the_bit(fmt: str, shape: tuple[int, int
 PACKING_ISAS = [isa for isa in supported_isas() if isa in NATIVE_BF16_ISAS]
 # The amx build's tiles from 4 tokens on, where inputs come in blocks of 32: blocks of 32 tokens with a short
 # last one, an odd number of weight tiles, a single one.
-AMX_SHAPES = [(40, 100, 64), (64, 48, 96), (20, 33, 32), (4, 16, 64)]
+AMX_SHAPES = [(40, 100, 64), (64, 48, 96), (20, 33, 32), (4, 16, 64), (47, 40, 416)]
 
 
 @pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 and amx builds only")

@@ -20,7 +20,7 @@
 // Scales kept after all of a tile's weights (aligned chunks, two streams) made batch 1 1.5x slower.
 // vpdpbusd multiplies unsigned by signed bytes: the weights are stored + 128 (as u8) and 128 x each token's
 // block sum, computed once when the activations are quantized, is taken back off.
-// The amx build loads those tiles as they lie into AMX tiles: tdpbsud from 16 tokens (amx_tile), and from 64
+// The amx build loads those tiles as they lie into AMX tiles: tdpbsud from 16 tokens (amx_tile), and from 32
 // tokens weights widened to bf16 for tdpbf16ps (amx_widened_tiles).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -445,11 +445,17 @@ void amx_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t tile_bytes
 #endif
 
 #ifdef TRITONLLM_AMX
-// From how many tokens (prefill chunks) the amx build widens the weights to bf16, two tiles at a time into a
-// buffer, and multiplies them by bf16 activations on bf16 tiles (amx::Bf16Tiles: sums over all inputs in the
-// tiles, no per-block scaling). The widening is paid once per tile for all the tokens; tdpbsud's products need
-// scaling per block and token (amx_tile), which held int8 tiles to ~0.8 of bf16's speed at 128-512 tokens.
-constexpr int64_t kAmxWidenMinTokens = 64;
+// From how many tokens the amx build widens the weights to bf16, two tiles at a time into a buffer, and
+// multiplies them by bf16 activations on bf16 tiles (amx::Bf16Tiles: sums over all inputs in the tiles, no
+// per-block scaling). The widening is paid once per tile for all the tokens; tdpbsud's products need scaling
+// per block and token (amx_tile), which held int8 tiles to ~0.8 of bf16's speed at 128-512 tokens. SmolLM2's
+// 30 layers in one process, widened against tdpbsud: 16 tokens 10.5-10.8 ms against 8.8, 32 tokens 11.3
+// against 12.6, 48 tokens 14.2-14.7 against 17.1.
+constexpr int64_t kAmxWidenMinTokens = 32;
+// How many blocks ahead the widening prefetches the weights it reads: each is read once, as one stream per
+// thread, and the hardware's prefetch alone left the widening waiting on them (SmolLM2's 30 layers at 64 tokens:
+// 12.7-13.3 ms with it, 17.0 without).
+constexpr int64_t kWidenPrefetchBlocks = 16;
 
 // Where the 16-bit elements of a pair row come from in two vectors of bf16 (lo: rows 0-7, hi: rows 8-15, each
 // row's 4 inputs of a chunk side by side): element 2r + j of pair row `second` takes input 2 x second + j of row r.
@@ -520,19 +526,22 @@ void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t ti
   uint16_t* buffers = grown(widened_tiles, 4 * tile_elems);
   // Blocks [from, to) (of 2 x nb) of the two tiles from `first` into buffer `set`.
   const auto widen = [&](int64_t first, int set, int64_t from, int64_t to) {
-    for (int64_t b = from; b < to; ++b)
-      widen_block<Format>(wp + (first + b / nb) * tile_bytes + b % nb * Format::kBlockBytes,
-                          buffers + (2 * set + b / nb) * tile_elems + b % nb * kBlock * kTileRows);
+    for (int64_t b = from; b < to; ++b) {
+      const uint8_t* block = wp + (first + b / nb) * tile_bytes + b % nb * Format::kBlockBytes;
+      const char* ahead = reinterpret_cast<const char*>(block + kWidenPrefetchBlocks * Format::kBlockBytes);
+      for (int64_t line = 0; line < Format::kBlockBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      widen_block<Format>(block, buffers + (2 * set + b / nb) * tile_elems + b % nb * kBlock * kTileRows);
+    }
   };
   const auto blocks_of = [&](int64_t first) { return first < end ? std::min<int64_t>(2, end - first) * nb : 0; };
   widen(begin, 0, 0, blocks_of(begin));
   amx::Bf16Tiles tiles;
-  const int64_t token_blocks = (m + 31) / 32;
+  const int64_t calls = amx::Bf16Tiles::beside_calls(m, kp);
   for (int64_t t = begin; t < end; t += 2) {
     const int set = static_cast<int>((t - begin) / 2 % 2), count = t + 1 < end ? 2 : 1;
     __m512 bias_rows[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int j = 0; bias && j < count; ++j) bias_rows[j] = _mm512_loadu_ps(bias + (t + j) * kTileRows);
-    const int64_t next_blocks = blocks_of(t + 2), per_token_block = (next_blocks + token_blocks - 1) / token_blocks;
+    const int64_t next_blocks = blocks_of(t + 2), per_call = (next_blocks + calls - 1) / calls;
     int64_t widened = 0;  // blocks of the next two tiles widened so far
     const uint16_t* current = buffers + 2 * set * tile_elems;
     amx::stores_before_tile_loads();
@@ -542,7 +551,7 @@ void amx_widened_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t ti
           store_rows(_mm512_add_ps(sums, bias_rows[j]), out + token * n + (t + j) * kTileRows);
         },
         [&] {
-          const int64_t stop = std::min(next_blocks, widened + per_token_block);
+          const int64_t stop = std::min(next_blocks, widened + per_call);
           widen(t + 2, set ^ 1, widened, stop);
           widened = stop;
         });
