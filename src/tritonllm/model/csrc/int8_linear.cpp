@@ -457,43 +457,34 @@ constexpr int64_t kAmxWidenMinTokens = 32;
 // 12.7-13.3 ms with it, 17.0 without).
 constexpr int64_t kWidenPrefetchBlocks = 16;
 
-// Where the 16-bit elements of a pair row come from in two vectors of bf16 (lo: rows 0-7, hi: rows 8-15, each
-// row's 4 inputs of a chunk side by side): element 2r + j of pair row `second` takes input 2 x second + j of row r.
+// Element 2r + j of a pair row takes element 16j + r of _mm512_cvtne2ps_pbh(second, first): row r's input j.
 struct PairIndex {
-  alignas(64) int16_t index[2][32];
+  alignas(64) int16_t index[32];
   constexpr PairIndex() : index{} {
-    for (int second = 0; second < 2; ++second)
-      for (int e = 0; e < 32; ++e) {
-        const int r = e / 2, input = 2 * second + e % 2;
-        index[second][e] = static_cast<int16_t>(r < 8 ? 4 * r + input : 32 + 4 * (r - 8) + input);
-      }
+    for (int e = 0; e < 32; ++e) index[e] = static_cast<int16_t>(16 * (e % 2) + e / 2);
   }
 };
 constexpr PairIndex kPairIndex;
 
 // A block of 16 rows x 32 inputs as bf16_pack lays out bf16 weights (16 pairs of inputs x 16 rows x 2), each
-// weight less its format's offset and times its row's scale, rounded to bf16.
+// weight less its format's offset and times its row's scale, rounded to bf16. A chunk holds row r's 4 inputs in
+// 32-bit lane r, as the row scales lie: each input's bytes are shifted and masked out in place (widening them
+// to 32 bits through 128-bit quarters took 2 shuffles per 16 weights and a permuted scale per quarter).
 template <typename Format>
 inline void widen_block(const uint8_t* block, uint16_t* pairs) {
   __m512i w[8];
   Format::load_chunks(block, w);  // chunk c: inputs 4c..4c+3 of the 16 rows, 4 bytes a row
-  const __m512 row_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-  __m512 scales[4], shifts[4];  // a chunk's quarter q holds rows 4q..4q+3: lane l is row 4q + l / 4
-  for (int q = 0; q < 4; ++q) {
-    const __m512i rows = _mm512_add_epi32(_mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2), _mm512_set1_epi32(4 * q));
-    scales[q] = _mm512_permutexvar_ps(rows, row_scales);
-    shifts[q] = _mm512_mul_ps(scales[q], _mm512_set1_ps(-static_cast<float>(Format::kOffset)));
-  }
-  const __m512i first = _mm512_load_si512(kPairIndex.index[0]), second = _mm512_load_si512(kPairIndex.index[1]);
+  const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+  const __m512 shifts = _mm512_mul_ps(scales, _mm512_set1_ps(-static_cast<float>(Format::kOffset)));
+  const __m512i low_byte = _mm512_set1_epi32(0xFF), pair_order = _mm512_load_si512(kPairIndex.index);
+  const auto weights = [&](__m512i bytes) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(bytes), scales, shifts); };
   for (int c = 0; c < 8; ++c) {
-    __m512 f[4];
-    f[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 0))), scales[0], shifts[0]);
-    f[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 1))), scales[1], shifts[1]);
-    f[2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 2))), scales[2], shifts[2]);
-    f[3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w[c], 3))), scales[3], shifts[3]);
-    const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]), hi = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
-    _mm512_storeu_si512(pairs + 64 * c, _mm512_permutex2var_epi16(lo, first, hi));
-    _mm512_storeu_si512(pairs + 64 * c + 32, _mm512_permutex2var_epi16(lo, second, hi));
+    const __m512 f0 = weights(_mm512_and_si512(w[c], low_byte));
+    const __m512 f1 = weights(_mm512_and_si512(_mm512_srli_epi32(w[c], 8), low_byte));
+    const __m512 f2 = weights(_mm512_and_si512(_mm512_srli_epi32(w[c], 16), low_byte));
+    const __m512 f3 = weights(_mm512_srli_epi32(w[c], 24));
+    _mm512_storeu_si512(pairs + 64 * c, _mm512_permutexvar_epi16(pair_order, (__m512i)_mm512_cvtne2ps_pbh(f1, f0)));
+    _mm512_storeu_si512(pairs + 64 * c + 32, _mm512_permutexvar_epi16(pair_order, (__m512i)_mm512_cvtne2ps_pbh(f3, f2)));
   }
 }
 
