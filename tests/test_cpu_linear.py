@@ -24,8 +24,8 @@ from tritonllm.model.quant import (
 # 32); bf16 takes its few-token kernel up to 8 tokens, the fp32 expansion from 9 (bf16
 # activations on the avx512_bf16 build: its vdpbf16ps tiles at every size; packed: bf16_packed_linear).
 # out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
-# exercise the edges; 416 and 576 inputs go through the amx build's bf16 tiles in two spans (224 + 192 and
-# 288 + 288 inputs: amx::Bf16Tiles::input_span).
+# exercise the edges; past 64 tokens, 416 and 576 inputs go through the amx build's bf16 tiles in two spans
+# (224 + 192 and 288 + 288 inputs: amx::Bf16Tiles::input_span).
 SHAPES = [
     (1, 7, 64),
     (2, 9, 40),
@@ -129,7 +129,7 @@ def test_amx_block_linears_equal_vnni_to_the_bit(fmt: str, shape: tuple[int, int
 PACKING_ISAS = [isa for isa in supported_isas() if isa in NATIVE_BF16_ISAS]
 # The amx build's tiles from 4 tokens on, where inputs come in blocks of 32: blocks of 32 tokens with a short
 # last one, an odd number of weight tiles, a single one.
-AMX_SHAPES = [(40, 100, 64), (64, 48, 96), (20, 33, 32), (4, 16, 64), (47, 40, 416)]
+AMX_SHAPES = [(40, 100, 64), (64, 48, 96), (20, 33, 32), (4, 16, 64), (97, 40, 416)]
 
 
 @pytest.mark.skipif(not PACKING_ISAS, reason="packed bf16 weights run on the avx512_bf16 and amx builds only")

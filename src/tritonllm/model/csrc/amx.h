@@ -46,7 +46,7 @@ constexpr int64_t kBf16Inputs = 32;  // inputs a bf16 weight tile holds: 16 pair
 
 // Products of bf16 activations with pairs of weight tiles in bf16_pack's layout (16 rows; for each pair of
 // inputs, the rows' two weights side by side: tdpbf16ps's weight tile as it lies, 16 pairs a tile), 32 tokens
-// at a time: tiles 0-3 hold the sums of 2 token groups x 2 weight tiles over all inputs.
+// at a time: tiles 0-3 hold the sums of 2 token groups x 2 weight tiles over a span of inputs.
 class Bf16Tiles {
  public:
   // emit(token, j, sums) for tokens [0, m) of x (bf16 rows of k inputs, k a multiple of 32) and weight tiles
@@ -58,7 +58,7 @@ class Bf16Tiles {
   template <typename Emit, typename Beside = void (*)()>
   void multiply(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w0, const uint16_t* w1, int count, Emit emit,
                 Beside beside = [] {}) {
-    const int64_t span = input_span(k);
+    const int64_t span = input_span(m, k);
     thread_local simd::LineVector<float> partial_sums;
     if (span < k && static_cast<int64_t>(partial_sums.size()) < (m + 31) / 32 * kBlockSums)
       partial_sums.resize((m + 31) / 32 * kBlockSums);
@@ -87,7 +87,7 @@ class Bf16Tiles {
   }
 
   // How many times multiply(x, m, k, ...) calls beside().
-  static int64_t beside_calls(int64_t m, int64_t k) { return (m + 31) / 32 * ((k + input_span(k) - 1) / input_span(k)); }
+  static int64_t beside_calls(int64_t m, int64_t k) { return (m + 31) / 32 * ((k + input_span(m, k) - 1) / input_span(m, k)); }
 
   ~Bf16Tiles() { _tile_release(); }  // a thread holding no tile state saves and restores less at every switch
 
@@ -99,8 +99,9 @@ class Bf16Tiles {
   // Spans of 288 there, 30 layers' linears at 512 tokens: packed bf16 54.0-54.9 ms against 62.2-64.8, int8
   // (widened) 53.9-56.7 against 56.8-58.7. Longer rows stay whole: in the tile loop alone, spans of 256-512
   // inputs gained ~3% at 1,536 inputs and lost ~10% at 2,048 (the sums re-loaded from memory once per span).
-  static int64_t input_span(int64_t k) {
-    if (k <= 12 * kBf16Inputs || k > 24 * kBf16Inputs) return k;
+  // Two blocks of tokens or fewer hardly reuse the weights: spans there cost packed bf16 3-6% at 16-48 tokens.
+  static int64_t input_span(int64_t m, int64_t k) {
+    if (m <= 64 || k <= 12 * kBf16Inputs || k > 24 * kBf16Inputs) return k;
     return (k / 2 + kBf16Inputs - 1) / kBf16Inputs * kBf16Inputs;
   }
 

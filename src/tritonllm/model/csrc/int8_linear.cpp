@@ -449,8 +449,9 @@ void amx_tiles(const uint8_t* wp, int64_t begin, int64_t end, int64_t tile_bytes
 // multiplies them by bf16 activations on bf16 tiles (amx::Bf16Tiles: sums over all inputs in the tiles, no
 // per-block scaling). The widening is paid once per tile for all the tokens; tdpbsud's products need scaling
 // per block and token (amx_tile), which held int8 tiles to ~0.8 of bf16's speed at 128-512 tokens. SmolLM2's
-// 30 layers in one process, widened against tdpbsud: 16 tokens 10.5-10.8 ms against 8.8, 32 tokens 11.3
-// against 12.6, 48 tokens 14.2-14.7 against 17.1.
+// 30 layers in one process (a tree widening from 1 token against this threshold at 64, the widening prefetched),
+// widened against tdpbsud: 16 tokens 10.5-10.8 ms against 8.8, 32 tokens 11.3 against 12.6, 48 tokens 14.2-14.7
+// against 17.1.
 constexpr int64_t kAmxWidenMinTokens = 32;
 // How many blocks ahead the widening prefetches the weights it reads: each is read once, as one stream per
 // thread, and the hardware's prefetch alone left the widening waiting on them (SmolLM2's 30 layers at 64 tokens:
