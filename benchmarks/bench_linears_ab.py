@@ -4,11 +4,12 @@ tree's (B), in one process, at several token counts.
     git worktree add /tmp/base <commit>
     .venv/bin/python benchmarks/bench_linears_ab.py --against /tmp/base --tokens 16,32,48,64,128,512
 
-bench_kernels_ab.py times whole engines, whose layers keep the build they were packed with; this times the
-linears themselves: each build packs the same random weights, and every round times 3 passes over the 30
-layers with A, then B (the order alternating), on bf16 activations as the int8 engine gives them. Prints
-the median ms per pass of each, the paired B/A ratios (> 1: A is faster) and whether both builds' outputs
-are equal to the bit. Random weights; only the shapes matter to the time.
+bench_kernels_ab.py times whole engines, whose linear modules keep the build they were made with (only
+decode steps under 256 tokens switch, through decode_layers); this times the linears themselves: each build
+packs the same random weights, and every round times 3 passes over the 30 layers with A, then B (the order
+alternating), on bf16 activations as the int8 engine gives them. Prints the median ms per pass of each, the
+paired B/A ratios (> 1: A is faster) and whether both builds' outputs are equal to the bit. Random weights;
+only the shapes matter to the time.
 """
 
 from __future__ import annotations

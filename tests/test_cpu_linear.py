@@ -111,9 +111,10 @@ def test_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) ->
 @pytest.mark.parametrize("fmt", BLOCK_FORMATS)
 @pytest.mark.parametrize("shape", [(16, 48, 576), (20, 33, 96), (31, 100, 1536), (17, 40, 32), (7, 70, 100)])
 def test_amx_block_linears_equal_vnni_to_the_bit(fmt: str, shape: tuple[int, int, int]) -> None:
-    """From 16 tokens the amx build multiplies the same tiles on AMX (tdpbsud a block of 32 inputs, 16 tokens
-    at a time): the same integer dot products, scaled in the same order as vpdpbusd's, so the same floats, in
-    groups of 16 tokens with a short last one (fewer tokens: vpdpbusd itself)."""
+    """From 16 to 31 tokens the amx build multiplies the same tiles on AMX (tdpbsud a block of 32 inputs, 16
+    tokens at a time): the same integer dot products, scaled in the same order as vpdpbusd's, so the same
+    floats, in groups of 16 tokens with a short last one (fewer tokens: vpdpbusd itself; from 32, weights
+    widened to bf16)."""
     amx, vnni = load_kernels("amx"), load_kernels("avx512_bf16")
     m, n, k = shape
     gen = torch.Generator().manual_seed(m * k + n)
