@@ -87,7 +87,10 @@ class Bf16Tiles {
   }
 
   // How many times multiply(x, m, k, ...) calls beside().
-  static int64_t beside_calls(int64_t m, int64_t k) { return (m + 31) / 32 * ((k + input_span(m, k) - 1) / input_span(m, k)); }
+  static int64_t beside_calls(int64_t m, int64_t k) {
+    const int64_t span = input_span(m, k);
+    return (m + 31) / 32 * ((k + span - 1) / span);
+  }
 
   ~Bf16Tiles() { _tile_release(); }  // a thread holding no tile state saves and restores less at every switch
 
