@@ -14,6 +14,7 @@ workloads, then stops (always, also on error or Ctrl-C), then the next starts:
            one-server-after-another runs above fold into their ratios; here it hits every server alike
   c32x     (with --interleave-c32 N) 32 at once again, 128/128, interleaved the same way: N rounds of a
            fresh burst of 32 to each server in turn (tok/s: the median of the rounds)
+  Each interleaved turn starts once the CPUs are quiet (vLLM's server stays busy ~1 s after an answer).
 
 Servers: `tritonllm` (`.venv/bin/tritonllm launch`, gRPC streaming into `tensorrt_llm`; once per
 --tritonllm-args), `llama-bf16`, `llama-q8_0` and `llama-q4_0` (llama-server on GGUFs converted from the
@@ -53,6 +54,7 @@ from typing import Any
 
 from peers import install, servers
 from peers.plot import figure
+from peers.quiet import wait_until_quiet
 from peers.report import cpu_info, markdown
 from peers.workloads import (
     INTERLEAVED_ROUND_SIZE,
@@ -206,8 +208,9 @@ def measure_interleaved(
     peers: list[servers.Peer], interleaved: list[Workload], ready_timeout_s: float, run: Run
 ) -> None:
     """Every server up at once (idle ones sleep), warmed up; then each round of each workload (one request
-    of b1x, a burst of 32 of c32x) goes to every server in turn, the order rotated per round. b1x is
-    summarised like b1 (median decode rate), c32x by the median of its rounds' rates."""
+    of b1x, a burst of 32 of c32x) goes to every server in turn, the order rotated per round, each turn
+    once the CPUs are quiet again (peers/quiet.py). b1x is summarised like b1 (median decode rate), c32x by
+    the median of its rounds' rates."""
     results: dict[str, dict[str, list]] = {}
     with contextlib.ExitStack() as stack:
         for peer in peers:
@@ -221,8 +224,12 @@ def measure_interleaved(
             size = INTERLEAVED_ROUND_SIZE[workload.name]
             rounds = [workload.requests[i : i + size] for i in range(0, len(workload.requests), size)]
             log(f"{workload.name}: {len(rounds)} rounds over {len(peers)} servers")
+            previous = "start"
             for i, specs in enumerate(rounds):
                 for peer in peers[i % len(peers) :] + peers[: i % len(peers)]:
+                    waited = wait_until_quiet()
+                    log(f"{workload.name} round {i}: CPUs quiet {waited:.1f} s after {previous}")
+                    previous = peer.server.label
                     one = Workload(workload.name, workload.title, specs, sequential=workload.sequential)
                     done = run_workload(one, peer.stream)
                     for result in done:

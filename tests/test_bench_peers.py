@@ -12,6 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_peers.py"
 sys.path.insert(0, str(BENCH.parent))
 
+from peers.quiet import busy_share, cpu_times, wait_until_quiet  # noqa: E402
 from peers.report import llama_counterpart, markdown, ratios  # noqa: E402
 from peers.workloads import (  # noqa: E402
     FIRST_ORDINARY_ID,
@@ -222,3 +223,20 @@ def test_interleaved_bursts_count_each_round_over_its_own_wall_time() -> None:
     workload = interleaved_c32(vocab_size=1000, seed=0, scale=Scale(), rounds=3)
     assert len(workload.requests) == 3 * INTERLEAVED_ROUND_SIZE["c32x"] and not workload.sequential
     assert {(len(r.prompt_ids), r.max_tokens) for r in workload.requests} == {(128, 128)}
+
+
+def test_cpu_busy_share_counts_idle_and_iowait_as_idle() -> None:
+    """/proc/stat's aggregate line: user nice system idle iowait irq softirq steal guest guest_nice."""
+    before = cpu_times("cpu  100 0 50 800 50 0 0 0 30 0\ncpu0 1 2 3\n")
+    after = cpu_times("cpu  160 0 70 900 70 0 0 0 60 0\ncpu0 1 2 3\n")
+    assert before == (150, 1000)
+    assert busy_share(before, after) == pytest.approx(80 / 200)
+    assert busy_share(after, after) == 0.0
+
+
+def test_waiting_for_quiet_cpus_is_bounded() -> None:
+    """Under a bound it returns at once on a quiet machine or at the bound on a busy one (max_busy -1:
+    never quiet), never later than the bound plus one window."""
+    waited = wait_until_quiet(max_busy=-1.0, window_s=0.02, timeout_s=0.1)
+    assert 0.1 <= waited < 1.0
+    assert wait_until_quiet(max_busy=1.0, window_s=0.02, timeout_s=5.0) < 1.0
