@@ -5,10 +5,14 @@ One server, one script: the three paths run interleaved (path order rotated ever
 in machine load hits all of them alike. Each generation is one gRPC stream, greedy, `min_tokens =
 max_tokens` so every path generates exactly the same number of tokens. Reported per path: median over
 rounds of time to first token, mean inter-token latency and end-to-end time, and the ratio to the
-direct path. Writes `results/serving_paths.json` and `.md`.
+direct path. With `--concurrency N` each path's turn is N generations at once (each its own stream),
+and the output tokens/s of the turn (all tokens over its wall time) is reported too: there the text
+paths' second Python-backend hop per response competes with the engine for the cores. Writes
+`results/<name>.json` and `.md` (name `serving_paths` by default).
 
     .venv/bin/python benchmarks/bench_serving_paths.py            # SmolLM2 (the default model)
     .venv/bin/python benchmarks/bench_serving_paths.py --model DIR --rounds 9 --max-tokens 64
+    .venv/bin/python benchmarks/bench_serving_paths.py --concurrency 32 --name serving_paths_c32
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import statistics
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +103,18 @@ def generate(url: str, path: str, inputs: list[grpcclient.InferInput]) -> tuple[
         client.close()
 
 
+def generate_at_once(url: str, path: str, inputs: list[grpcclient.InferInput], n: int) -> tuple[float, list]:
+    """(wall seconds, each generation's `generate` result) of `n` identical generations started together."""
+    if n == 1:
+        start = time.perf_counter()
+        one = generate(url, path, inputs)
+        return time.perf_counter() - start, [one]
+    with ThreadPoolExecutor(n) as pool:
+        start = time.perf_counter()
+        results = list(pool.map(lambda _: generate(url, path, inputs), range(n)))
+        return time.perf_counter() - start, results
+
+
 def free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
     for s in sockets:
@@ -142,14 +159,19 @@ def main() -> int:
     parser.add_argument("--model", help="HF checkpoint or engine directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=1, help="generations at once per path (default 1)")
     add_engine_arguments(parser)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--name", default="serving_paths", help="output file name, without suffix")
     args = parser.parse_args()
+    if args.concurrency < 1:
+        parser.error("--concurrency must be >= 1")
 
     model = model_path_or_default(args.model)
     prompt_ids = TextCodec(model).encode(PROMPT)
     options = loopback_options(args, model)
     runs: dict[str, list[tuple[float, list[float]]]] = {p: [] for p in PATHS}
+    rates: dict[str, list[float]] = {p: [] for p in PATHS}  # output tok/s of each turn
     out = Path(args.out)
     (out / "raw").mkdir(parents=True, exist_ok=True)
     with TritonServer(options, log_file=out / "raw" / "serving_paths_server.log") as server:
@@ -161,7 +183,9 @@ def main() -> int:
             order = PATHS[r % 3 :] + PATHS[: r % 3]
             for path in order:
                 inputs = inputs_for(path, prompt_ids, args.max_tokens)
-                runs[path].append(generate(server.grpc_url, path, inputs))
+                wall, results = generate_at_once(server.grpc_url, path, inputs, args.concurrency)
+                runs[path] += results
+                rates[path].append(sum(len(a) for _, a in results) / wall)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
     summary = {}
@@ -169,39 +193,52 @@ def main() -> int:
         ttft = statistics.median(t for t, _ in runs[path])
         itl = statistics.median(statistics.fmean(np.diff(a)) for _, a in runs[path])
         e2e = statistics.median(a[-1] for _, a in runs[path])
-        summary[path] = {"ttft_ms": ttft * 1e3, "itl_ms": itl * 1e3, "e2e_ms": e2e * 1e3}
+        summary[path] = {
+            "ttft_ms": ttft * 1e3,
+            "itl_ms": itl * 1e3,
+            "e2e_ms": e2e * 1e3,
+            "tok_s": statistics.median(rates[path]),
+        }
     base = summary["tensorrt_llm"]
     for path in PATHS:
         for key in ("ttft_ms", "itl_ms", "e2e_ms"):
             summary[path][key.replace("_ms", "_ratio")] = summary[path][key] / base[key]
         summary[path]["itl_overhead_ms"] = summary[path]["itl_ms"] - base["itl_ms"]
+        # Paired by round: the turns of one round are seconds apart, so the host's drift cancels.
+        summary[path]["tok_s_ratio"] = statistics.median(
+            r / b for r, b in zip(rates[path], rates["tensorrt_llm"], strict=True)
+        )
 
     meta = {
         "model": model,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
         "threads": args.threads,
         "dtype": args.dtype,
         "quantization": args.quantization,
         "cpu_flags": cpu_flags(),
         "load_average": os.getloadavg(),
     }
-    (out / "serving_paths.json").write_text(json.dumps({"config": meta, "paths": summary}, indent=2) + "\n")
+    (out / f"{args.name}.json").write_text(json.dumps({"config": meta, "paths": summary}, indent=2) + "\n")
     lines = [
         f"Model `{Path(model).name}` (dtype {args.dtype}, quantization {args.quantization}, "
-        f"{args.threads} engine threads), {args.max_tokens} tokens per generation, {args.rounds} rounds, "
-        "medians; ratios against `tensorrt_llm` called directly.",
+        f"{args.threads} engine threads), {args.max_tokens} tokens per generation, "
+        f"{args.concurrency} at once, {args.rounds} rounds, medians; ratios against `tensorrt_llm` "
+        "called directly (tok/s: paired by round).",
         f"CPU flags: {' '.join(cpu_flags()) or 'none'}; load average {os.getloadavg()[0]:.1f}.",
         "",
-        "| path | TTFT ms | ITL ms | end-to-end ms | ITL ratio | ITL overhead ms | e2e ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| path | TTFT ms | ITL ms | end-to-end ms | tok/s | ITL ratio | ITL overhead ms | e2e ratio "
+        "| tok/s ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for path, s in summary.items():
         lines.append(
-            f"| `{path}` | {s['ttft_ms']:.1f} | {s['itl_ms']:.2f} | {s['e2e_ms']:.0f} | "
-            f"{s['itl_ratio']:.3f} | {s['itl_overhead_ms']:+.2f} | {s['e2e_ratio']:.3f} |"
+            f"| `{path}` | {s['ttft_ms']:.1f} | {s['itl_ms']:.2f} | {s['e2e_ms']:.0f} | {s['tok_s']:.1f} | "
+            f"{s['itl_ratio']:.3f} | {s['itl_overhead_ms']:+.2f} | {s['e2e_ratio']:.3f} | "
+            f"{s['tok_s_ratio']:.3f} |"
         )
-    (out / "serving_paths.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
