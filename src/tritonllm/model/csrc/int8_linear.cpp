@@ -10,7 +10,7 @@
 // rows' dot products for a block in one vector, scaled by one multiply-add. That is a third fewer
 // instructions per weight byte than a row at a time, and one contiguous stream per thread, prefetched ahead:
 // batch-1 decode reads every weight once per token, so this is what sets its speed. With more tokens a tile
-// stays in cache while the tokens go by two at a time: on AVX2 this beat expanding the weights to fp32 for
+// stays in cache while the tokens go by up to eight at a time: on AVX2 this beat expanding the weights to fp32 for
 // FMAs or for the BLAS GEMM at every batch size measured (1-512 tokens; benchmarks/README.md).
 // The VNNI builds (avx512_vnni, avx512_bf16) pack their own layout: tiles of 16 rows, each block as the 16 rows'
 // scales (fp16, row order) then 8 chunks of 64 bytes (chunk c: inputs 4c..4c+3 of rows 0-15, 4 bytes a row), so that one
@@ -226,6 +226,12 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int
 }
 
 #if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512_VNNI)
+// Tokens per pass over a tile. With the sums in registers (packed_tile) a pass holds 8 tokens' sums besides its
+// working set in AVX2's 16 registers; against 2 a pass, SmolLM2's 30 layers of int8 linears (2 threads, Zen 3,
+// bench_linears_ab.py) took 0.83-0.89 of the time at 8-64 tokens and 0.88-0.94 at 128-512, int4 0.75-0.81 at
+// 8-128 tokens.
+constexpr int kPackedTokens = 8;
+
 inline __m256i broadcast8(const int8_t* p) {  // 8 int8 values, repeated 4 times
   int64_t chunk;
   std::memcpy(&chunk, p, 8);
@@ -237,13 +243,17 @@ inline __m256i broadcast8(const int8_t* p) {  // 8 int8 values, repeated 4 times
 template <typename Format, int RM>
 void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t* abs_xq, const int32_t* corrections,
                  const float* xs, __m256* acc) {
+  // Sums in registers, as vnni_tile's: summed through `acc`, they were stored and loaded again every block (the
+  // loads of xs may alias an __m256 store), and those stores and the multiply before them took ~a third of the
+  // kernel's samples (perf, Zen 3, 32 requests).
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  __m256 sums[RM];
+  TRITONLLM_UNROLL for (int m = 0; m < RM; ++m) sums[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = tile + b * Format::kBlockBytes;
     prefetch_block<Format>(block, kPrefetchBytes);
     const __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int m = 0; m < RM; ++m) {
+    TRITONLLM_UNROLL for (int m = 0; m < RM; ++m) {
       const int64_t at = (m * nb + b) * kBlock;
       __m256i rows0123 = _mm256_setzero_si256(), rows4567 = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
@@ -258,10 +268,10 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
       __m256i dots = _mm256_hadd_epi32(rows0123, rows4567);
       if constexpr (Format::kOffset != 0)
         dots = _mm256_add_epi32(dots, _mm256_set1_epi32(corrections[m * nb + b]));
-      const __m256 sums = _mm256_cvtepi32_ps(dots);
-      acc[m] = _mm256_fmadd_ps(sums, _mm256_mul_ps(scales, _mm256_set1_ps(xs[m * nb + b])), acc[m]);
+      sums[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(scales, _mm256_set1_ps(xs[m * nb + b])), sums[m]);
     }
   }
+  TRITONLLM_UNROLL for (int m = 0; m < RM; ++m) acc[m] = sums[m];
 }
 #endif
 
@@ -642,13 +652,23 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * tile_bytes;
       const __m256 bias_rows = bp ? _mm256_loadu_ps(bp + t * kTileRows) : _mm256_setzero_ps();
-      for (int64_t m0 = 0; m0 < m; m0 += 2) {
-        __m256 acc[2];
-        const int64_t tokens = std::min<int64_t>(2, m - m0);
+      for (int64_t m0 = 0; m0 < m; m0 += kPackedTokens) {
+        __m256 acc[kPackedTokens];
+        const int64_t tokens = std::min<int64_t>(kPackedTokens, m - m0);
         const int8_t* abs_x = abs_xqp ? abs_xqp + m0 * kp : nullptr;
         const int32_t* sums = correctionp ? correctionp + m0 * nb : nullptr;
-        if (tokens == 2) packed_tile<Format, 2>(tile, nb, xqp + m0 * kp, abs_x, sums, xsp + m0 * nb, acc);
-        else packed_tile<Format, 1>(tile, nb, xqp + m0 * kp, abs_x, sums, xsp + m0 * nb, acc);
+        const int8_t* x = xqp + m0 * kp;
+        const float* s = xsp + m0 * nb;
+        switch (tokens) {
+          case 8: packed_tile<Format, 8>(tile, nb, x, abs_x, sums, s, acc); break;
+          case 7: packed_tile<Format, 7>(tile, nb, x, abs_x, sums, s, acc); break;
+          case 6: packed_tile<Format, 6>(tile, nb, x, abs_x, sums, s, acc); break;
+          case 5: packed_tile<Format, 5>(tile, nb, x, abs_x, sums, s, acc); break;
+          case 4: packed_tile<Format, 4>(tile, nb, x, abs_x, sums, s, acc); break;
+          case 3: packed_tile<Format, 3>(tile, nb, x, abs_x, sums, s, acc); break;
+          case 2: packed_tile<Format, 2>(tile, nb, x, abs_x, sums, s, acc); break;
+          default: packed_tile<Format, 1>(tile, nb, x, abs_x, sums, s, acc); break;
+        }
         for (int64_t i = 0; i < tokens; ++i)
           store_rows(_mm256_add_ps(_mm256_permutevar8x32_ps(acc[i], row_order), bias_rows), op + (m0 + i) * n + t * kTileRows);
       }
