@@ -25,8 +25,8 @@ from tritonllm.model.quant import (
 # activations on the avx512_bf16 build: its vdpbf16ps tiles at every size; packed: bf16_packed_linear).
 # out_features not a multiple of 16 or 8 (the int8 tiles) or 4 and in_features not a multiple of 32 or 8
 # exercise the edges; past 64 tokens, 416 and 576 inputs go through the amx build's bf16 tiles in two spans
-# (224 + 192 and 288 + 288 inputs: amx::Bf16Tiles::input_span). The token counts leave every remainder (0-7) of the
-# block kernels' passes of 8 tokens (the AVX2 and VNNI tiles).
+# (224 + 192 and 288 + 288 inputs: amx::Bf16Tiles::input_span). The token counts leave every remainder (0-7)
+# of the block kernels' passes of 8 tokens (the AVX2 and VNNI tiles).
 SHAPES = [
     (1, 7, 64),
     (2, 9, 40),
