@@ -105,10 +105,6 @@ def generate(url: str, path: str, inputs: list[grpcclient.InferInput]) -> tuple[
 
 def generate_at_once(url: str, path: str, inputs: list[grpcclient.InferInput], n: int) -> tuple[float, list]:
     """(wall seconds, each generation's `generate` result) of `n` identical generations started together."""
-    if n == 1:
-        start = time.perf_counter()
-        one = generate(url, path, inputs)
-        return time.perf_counter() - start, [one]
     with ThreadPoolExecutor(n) as pool:
         start = time.perf_counter()
         results = list(pool.map(lambda _: generate(url, path, inputs), range(n)))

@@ -99,6 +99,17 @@ struct Int8Format {
 #endif
 };
 
+// Calls fn(std::integral_constant<int, t>{}) with t = min(tokens, kMax) (tokens >= 1): the tile kernels take their
+// number of tokens at compile time, so their sums stay in registers. Counts are tried from 1 up: one token (batch-1
+// decode, a call per tile) takes one comparison.
+template <int kMax, int kCount = 1, typename Fn>
+inline void with_tokens(int64_t tokens, Fn&& fn) {
+  if constexpr (kCount < kMax) {
+    if (tokens > kCount) return with_tokens<kMax, kCount + 1>(tokens, fn);
+  }
+  fn(std::integral_constant<int, kCount>{});
+}
+
 // Row r's scale for block b of a tile (fp16).
 template <typename Format>
 inline float block_scale(const uint8_t* tile, int64_t b, int64_t r) {
@@ -330,16 +341,7 @@ void vnni_tiles(const uint8_t* tile, int64_t nb, int64_t kp, const int8_t* xq, c
     const int8_t* x = xq + m0 * kp;
     const int32_t* c = corrections + m0 * nb;
     const float* s = xs + m0 * nb;
-    switch (tokens) {
-      case 8: vnni_tile<Format, 8>(tile, nb, x, c, s, acc); break;
-      case 7: vnni_tile<Format, 7>(tile, nb, x, c, s, acc); break;
-      case 6: vnni_tile<Format, 6>(tile, nb, x, c, s, acc); break;
-      case 5: vnni_tile<Format, 5>(tile, nb, x, c, s, acc); break;
-      case 4: vnni_tile<Format, 4>(tile, nb, x, c, s, acc); break;
-      case 3: vnni_tile<Format, 3>(tile, nb, x, c, s, acc); break;
-      case 2: vnni_tile<Format, 2>(tile, nb, x, c, s, acc); break;
-      default: vnni_tile<Format, 1>(tile, nb, x, c, s, acc); break;
-    }
+    with_tokens<kVnniTokens>(tokens, [&](auto rm) { vnni_tile<Format, decltype(rm)::value>(tile, nb, x, c, s, acc); });
     for (int64_t i = 0; i < tokens; ++i) store_rows(_mm512_add_ps(acc[i], bias_lanes), out + (m0 + i) * stride);
   }
 }
@@ -659,16 +661,9 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
         const int32_t* sums = correctionp ? correctionp + m0 * nb : nullptr;
         const int8_t* x = xqp + m0 * kp;
         const float* s = xsp + m0 * nb;
-        switch (tokens) {
-          case 8: packed_tile<Format, 8>(tile, nb, x, abs_x, sums, s, acc); break;
-          case 7: packed_tile<Format, 7>(tile, nb, x, abs_x, sums, s, acc); break;
-          case 6: packed_tile<Format, 6>(tile, nb, x, abs_x, sums, s, acc); break;
-          case 5: packed_tile<Format, 5>(tile, nb, x, abs_x, sums, s, acc); break;
-          case 4: packed_tile<Format, 4>(tile, nb, x, abs_x, sums, s, acc); break;
-          case 3: packed_tile<Format, 3>(tile, nb, x, abs_x, sums, s, acc); break;
-          case 2: packed_tile<Format, 2>(tile, nb, x, abs_x, sums, s, acc); break;
-          default: packed_tile<Format, 1>(tile, nb, x, abs_x, sums, s, acc); break;
-        }
+        with_tokens<kPackedTokens>(tokens, [&](auto rm) {
+          packed_tile<Format, decltype(rm)::value>(tile, nb, x, abs_x, sums, s, acc);
+        });
         for (int64_t i = 0; i < tokens; ++i)
           store_rows(_mm256_add_ps(_mm256_permutevar8x32_ps(acc[i], row_order), bias_rows), op + (m0 + i) * n + t * kTileRows);
       }
