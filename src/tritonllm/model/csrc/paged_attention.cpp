@@ -7,6 +7,8 @@
 // its probabilities, so the dot products are those of the float caches.
 // A bf16 cache on AVX512_BF16 CPUs (head sizes 64 and 128) takes decode_bf16.h's vdpbf16ps paths instead of
 // widening its values for fp32 FMAs; the amx build scores its keys on AMX tiles where the queries fit them.
+// On AVX2 CPUs without AVX-512 a bf16 cache takes decode_avx2.h's paths (each key and value loaded once for
+// the group's heads, 16 values per load in two operations): engine decode steps 1.03-1.06x faster (Zen 3).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
@@ -17,6 +19,7 @@
 #include <limits>
 #include <vector>
 
+#include "decode_avx2.h"
 #include "decode_bf16.h"
 #include "kv_rows.h"
 #include "simd.h"
@@ -50,6 +53,15 @@ template <typename T>
 inline void prefetch_block(const T* first, int64_t elements) {
   const char* p = reinterpret_cast<const char*>(first);
   for (int64_t off = 0; off < elements * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
+// Calls fn(std::integral_constant<int, G>, g0) over the group's heads, three at a time.
+template <typename Fn>
+inline void in_threes(int64_t group, Fn&& fn) {
+  int64_t g0 = 0;
+  for (; g0 + 3 <= group; g0 += 3) fn(std::integral_constant<int, 3>{}, g0);
+  if (group - g0 == 2) fn(std::integral_constant<int, 2>{}, g0);
+  if (group - g0 == 1) fn(std::integral_constant<int, 1>{}, g0);
 }
 
 #ifdef TRITONLLM_AVX2
@@ -107,14 +119,6 @@ inline void values_of_run(const float* p, int64_t len, const T* v, int64_t run, 
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (g0 + g) * d + i + 16 * c, a[g][c]);
 }
 
-// Calls fn(std::integral_constant<int, G>, g0) over the group's heads, three at a time.
-template <typename Fn>
-inline void in_threes(int64_t group, Fn&& fn) {
-  int64_t g0 = 0;
-  for (; g0 + 3 <= group; g0 += 3) fn(std::integral_constant<int, 3>{}, g0);
-  if (group - g0 == 2) fn(std::integral_constant<int, 2>{}, g0);
-  if (group - g0 == 1) fn(std::integral_constant<int, 1>{}, g0);
-}
 #endif
 
 // scores[g][t - begin] = q_g . k_t for the keys of one span, reading each key once for the whole group.
@@ -130,6 +134,11 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
   decode_bf16::Tiles tiles;
   const bool tile_dots = bf16_dots && tiles.load(bf16_query, geo.group, d);
 #endif
+#endif
+#if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512)
+  thread_local std::vector<float> even_odd_query;
+  const bool even_odd = std::is_same_v<T, at::BFloat16> && decode_avx2::supports(d);
+  if (even_odd) decode_avx2::even_odd(q, geo.group * d, even_odd_query);
 #endif
   for (int64_t t = begin; t < end;) {
     const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
@@ -158,6 +167,20 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
         in_threes(geo.group, [&](auto heads, int64_t g0) {
           scores_of_8_keys<decltype(heads)::value>(q, k + j * row, d, row, g0, len, out + j);
         });
+#endif
+#if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512)
+    if constexpr (std::is_same_v<T, at::BFloat16>)
+      if (even_odd) {
+        const float* qd = even_odd_query.data();
+        for (; j + 4 <= run; j += 4)
+          in_threes(geo.group, [&](auto heads, int64_t g0) {
+            decode_avx2::scores_of_keys<decltype(heads)::value, 4>(qd, k + j * row, d, g0, len, out + j);
+          });
+        for (; j < run; ++j)
+          in_threes(geo.group, [&](auto heads, int64_t g0) {
+            decode_avx2::scores_of_keys<decltype(heads)::value, 1>(qd, k + j * row, d, g0, len, out + j);
+          });
+      }
 #endif
 #ifdef TRITONLLM_AVX2
     if constexpr (simd::kVectorLoad<T>)
@@ -207,6 +230,22 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
         t += run;
       }
       decode_bf16::unpermute_sums(acc, geo.group * d);
+      return;
+    }
+#endif
+#if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512)
+  if constexpr (std::is_same_v<T, at::BFloat16>)
+    if (decode_avx2::supports(d)) {
+      for (int64_t t = begin; t < end;) {
+        const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
+        const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * row;
+        for (int64_t i = 0; i < d; i += 32)
+          in_threes(geo.group, [&](auto heads, int64_t g0) {
+            decode_avx2::values_of_run<decltype(heads)::value>(p + (t - begin), len, v, run, d, i, g0, acc);
+          });
+        t += run;
+      }
+      decode_avx2::unpermute_sums(acc, geo.group * d);
       return;
     }
 #endif
