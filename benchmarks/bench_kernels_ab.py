@@ -71,6 +71,7 @@ def round_ms(engine: LLMEngine, tag: str, batch: int, prompt: int, tokens: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--against", type=Path, required=True, help="the other tree (a git worktree)")
+    parser.add_argument("--model", default=None, help="an HF model directory (default: SmolLM2)")
     parser.add_argument("--quantization", default="int8")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batch", type=int, default=1)
@@ -82,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     builds = {"A": cpu_kernels.load_kernels(), "B": build_other(args.against)}
     config = EngineConfig(
-        model=str(default_model_path()),
+        model=args.model or str(default_model_path()),
         num_threads=args.threads,
         dtype=args.dtype,
         quantization=args.quantization,
