@@ -253,21 +253,23 @@ def test_bf16_cache_at_llama_head_sizes_matches_torch(isa: str, dtype: torch.dty
 def test_bf16_cache_with_other_query_groups_matches_torch(isa: str, group: int) -> None:
     """Query heads per kv head other than SmolLM2's 3 (Llama-3.2-1B has 4, Llama-3-8B 4, Llama-2 1): the
     vector paths take a group's heads 3 at a time (sums in registers), so 1, 2 and 3 + 1 each take their own
-    path. Runs of 1-3 keys too (lengths 1, 2, 19, 35 and a span that starts inside a block)."""
+    path. Last runs of 1-3 keys (lengths 1, 2, 19, 35), and a lone 301-key sequence cut into spans that
+    start inside a block (151 keys a span on one thread, 76 on two: fewer (sequence, kv head) pairs than 4
+    a thread)."""
     kernel = load_kernels(isa)
     gen = torch.Generator().manual_seed(3)
     kv_heads, blocks, bs, head_dim = 2, 40, 16, 64
     k_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
     v_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
-    lengths = torch.tensor([1, 2, 19, 35, 301])
-    tables = torch.stack([torch.randperm(blocks, generator=gen)[:20] for _ in range(len(lengths))])
-    q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=gen)
-    expected = torch_decode_attention(q, as_fp32(k_cache), as_fp32(v_cache), tables, lengths, 0.125)
     tolerance = decode_tolerance(isa, torch.float32, torch.bfloat16, head_dim)
-    for threads in (1, 2):
-        with torch_threads(threads):
-            got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, 0.125)
-        torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
+    for lengths in (torch.tensor([1, 2, 19, 35, 301]), torch.tensor([301])):
+        tables = torch.stack([torch.randperm(blocks, generator=gen)[:20] for _ in range(len(lengths))])
+        q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=gen)
+        expected = torch_decode_attention(q, as_fp32(k_cache), as_fp32(v_cache), tables, lengths, 0.125)
+        for threads in (1, 2):
+            with torch_threads(threads):
+                got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, 0.125)
+            torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
 
 
 def test_pytorch_fallback_matches_hf(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
