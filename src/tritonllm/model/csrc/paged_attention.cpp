@@ -207,6 +207,18 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
   }
 }
 
+// fn(t, run, v) over a span's runs: its keys [begin, end) a block at most at a time, the run's first value at v.
+template <typename T, typename Fn>
+inline void for_each_run(const T* values, const int64_t* table, const Geometry& geo, int64_t begin, int64_t end,
+                         Fn&& fn) {
+  const int64_t row = geo.row_of<T>();
+  for (int64_t t = begin; t < end;) {
+    const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
+    fn(t, run, values + (table[t / geo.block_size] * geo.block_size + in_block) * row);
+    t += run;
+  }
+}
+
 // acc[g] = sum_t p[g][t] * v_t over the span (acc zeroed here); an int8 row's scale multiplies its p.
 template <typename T>
 void span_values(const float* p, const T* values, const int64_t* table, const Geometry& geo, int64_t begin,
@@ -220,15 +232,12 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
     if (decode_bf16::supports(d)) {
       thread_local std::vector<uint16_t> p16;
       decode_bf16::bf16_probabilities(p, geo.group, len, p16);
-      for (int64_t t = begin; t < end;) {
-        const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
-        const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * row;
+      for_each_run(values, table, geo, begin, end, [&](int64_t t, int64_t run, const T* v) {
         for (int64_t i = 0; i < d; i += 64)
           in_threes(geo.group, [&](auto heads, int64_t g0) {
             decode_bf16::values_of_run<decltype(heads)::value>(p16.data() + (t - begin), len + 1, v, run, d, i, g0, acc);
           });
-        t += run;
-      }
+      });
       decode_bf16::unpermute_sums(acc, geo.group * d);
       return;
     }
@@ -236,22 +245,17 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
 #if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512)
   if constexpr (std::is_same_v<T, at::BFloat16>)
     if (decode_avx2::supports(d)) {
-      for (int64_t t = begin; t < end;) {
-        const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
-        const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * row;
+      for_each_run(values, table, geo, begin, end, [&](int64_t t, int64_t run, const T* v) {
         for (int64_t i = 0; i < d; i += 32)
           in_threes(geo.group, [&](auto heads, int64_t g0) {
             decode_avx2::values_of_run<decltype(heads)::value>(p + (t - begin), len, v, run, d, i, g0, acc);
           });
-        t += run;
-      }
+      });
       decode_avx2::unpermute_sums(acc, geo.group * d);
       return;
     }
 #endif
-  for (int64_t t = begin; t < end;) {
-    const int64_t in_block = t % geo.block_size, run = std::min(end - t, geo.block_size - in_block);
-    const T* v = values + (table[t / geo.block_size] * geo.block_size + in_block) * row;
+  for_each_run(values, table, geo, begin, end, [&](int64_t t, int64_t run, const T* v) {
 #ifdef TRITONLLM_AVX512
     if constexpr (simd::kVectorLoad<T>)
       if (d % 64 == 0) {
@@ -259,8 +263,7 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
           in_threes(geo.group, [&](auto heads, int64_t g0) {
             values_of_run<decltype(heads)::value>(p + (t - begin), len, v, run, d, row, i, g0, acc);
           });
-        t += run;
-        continue;
+        return;
       }
 #endif
     for (int64_t g = 0; g < geo.group; ++g) {
@@ -293,8 +296,7 @@ void span_values(const float* p, const T* values, const int64_t* table, const Ge
         out[i] = a;
       }
     }
-    t += run;
-  }
+  });
 }
 
 // Softmax numerators in place: each row of `scores` becomes exp(s - max); writes the row's max and sum.
