@@ -4,6 +4,8 @@ tree's (B), in one process, at several token counts.
     git worktree add /tmp/base <commit>
     .venv/bin/python benchmarks/bench_linears_ab.py --against /tmp/base --tokens 16,32,48,64,128,512
 
+or two weight formats in this tree: `--format int7 --format-b int8` (B: int8 on this build).
+
 bench_kernels_ab.py times whole engines, whose linear modules keep the build they were made with (only
 decode steps under 256 tokens switch, through decode_layers); this times the linears themselves: each build
 packs the same random weights, and every round times 3 passes over the 30 layers with A, then B (the order
@@ -36,7 +38,7 @@ LAYERS = 30
 
 
 def packed_layers(kernels, fmt: str, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each weight in the build's layout for `fmt` (int8 / int4: block formats; bf16: bf16_pack's tiles)."""
+    """Each weight in the build's layout for `fmt` (int8 / int7 / int4: block formats; bf16: bf16_pack's tiles)."""
     if fmt == "bf16":
         return [kernels.bf16_pack(w.bfloat16()) for w in weights]
     return [getattr(kernels, f"{fmt}_pack")(*quant.QUANTIZERS[fmt](w)) for w in weights]
@@ -48,33 +50,37 @@ def linear(kernels, fmt: str):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--against", type=Path, required=True, help="the other tree (a git worktree)")
+    formats = ("int8", "int7", "int4", "bf16")
+    parser.add_argument("--against", type=Path, help="the other tree (a git worktree); default: this one")
     parser.add_argument("--tokens", default="16,32,48,64,128,512", help="token counts, comma-separated")
-    parser.add_argument("--format", choices=("int8", "int4", "bf16"), default="int8")
+    parser.add_argument("--format", choices=formats, default="int8")
+    parser.add_argument("--format-b", choices=formats, help="B's weight format (default: --format)")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    builds = {"A": cpu_kernels.load_kernels(), "B": build_other(args.against)}
-    if builds["A"] is None:
+    this = cpu_kernels.load_kernels()
+    if this is None:
         print("no CPU kernels on this machine: nothing to compare")
         return 0
+    builds = {"A": this, "B": build_other(args.against) if args.against else this}
+    fmt = {"A": args.format, "B": args.format_b or args.format}
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=gen) * 0.02 for _ in range(LAYERS) for n, k in SHAPES]
-    packed = {name: packed_layers(kernels, args.format, weights) for name, kernels in builds.items()}
+    packed = {name: packed_layers(kernels, fmt[name], weights) for name, kernels in builds.items()}
     print(f"CPU flags: {' '.join(cpu_kernels.cpu_flags())}; load average {os.getloadavg()}")
     isa = cpu_kernels.selected_isa()
-    print(f"{args.format}, {LAYERS} layers, {isa} build; A: this tree, B: {args.against}")
+    print(f"{LAYERS} layers, {isa} build; A: {fmt['A']}, this tree; B: {fmt['B']}, {args.against or 'this tree'}")
     for m in (int(t) for t in args.tokens.split(",")):
         x = {k: torch.randn(m, k, generator=gen).bfloat16() for k in {k for _, k in SHAPES}}
         first: dict[str, list[torch.Tensor]] = {}  # one layer's outputs from each build
         for name in builds:
-            run = linear(builds[name], args.format)
+            run = linear(builds[name], fmt[name])
             pairs = zip(weights[:4], packed[name][:4], strict=True)
             first[name] = [run(x[w.shape[1]], p, None) for w, p in pairs]
         same = all(torch.equal(a, b) for a, b in zip(first["A"], first["B"], strict=True))
         times: dict[str, list[float]] = {"A": [], "B": []}
         for r in range(args.rounds):
             for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
-                run = linear(builds[name], args.format)
+                run = linear(builds[name], fmt[name])
                 started = time.perf_counter()
                 for _ in range(3):
                     for w, p in zip(weights, packed[name], strict=True):

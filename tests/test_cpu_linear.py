@@ -1,4 +1,4 @@
-"""The int8 and 4-bit (blocks of 32, packed in tiles of 8 or 16 rows) and bf16 linear kernels, for every
+"""The int8, 7-bit and 4-bit (blocks of 32, packed in tiles of 8 or 16 rows) and bf16 linear kernels, for every
 instruction set this CPU runs: they match a PyTorch reference on shapes that hit every tile edge, in both
 batch regimes (int8 dot products for a few tokens, fp32 expansion for more), and the PyTorch fallback of the
 block linears matches the kernel."""
@@ -12,10 +12,12 @@ from tritonllm.model import quant
 from tritonllm.model.cpu_kernels import NATIVE_BF16_ISAS, load_kernels, selected_isa, supported_isas
 from tritonllm.model.quant import (
     BlockInt4Linear,
+    BlockInt7Linear,
     BlockInt8Linear,
     expand_int4_blocks,
     expand_int8_blocks,
     quantize_int4_blocks,
+    quantize_int7_blocks,
     quantize_int8_blocks,
 )
 
@@ -55,7 +57,7 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
     return q.view(x.shape[0], -1)[:, : x.shape[-1]]
 
 
-BLOCK_FORMATS = {"int8": BlockInt8Linear, "int4": BlockInt4Linear}
+BLOCK_FORMATS = {"int8": BlockInt8Linear, "int7": BlockInt7Linear, "int4": BlockInt4Linear}
 
 
 @pytest.mark.parametrize("isa", supported_isas())
@@ -72,7 +74,7 @@ def test_block_linear_matches_reference(fmt: str, isa: str, shape: tuple[int, in
     bias = torch.randn(n, generator=gen)
     q, scale = quant.QUANTIZERS[fmt](w)
     padded_k = -(-k // 32) * 32
-    assert q.shape == (n, padded_k if fmt == "int8" else padded_k // 2) and scale.shape == (n, padded_k // 32)
+    assert q.shape == (n, padded_k // 2 if fmt == "int4" else padded_k) and scale.shape == (n, padded_k // 32)
     weight = layer.expand(q, scale)[:, :k]
     activations = quantized_activations(x)
     expected = activations @ weight.T + bias
@@ -216,6 +218,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
     x, w = torch.randn(tokens, 96, generator=gen), torch.randn(4000, 96, generator=gen)
     packed = kernels.int8_pack(*quantize_int8_blocks(w))
     packed4 = kernels.int4_pack(*quantize_int4_blocks(w))
+    packed7 = kernels.int7_pack(*quantize_int7_blocks(w))
     packs = kernels.packs_bf16()
     packed_bf16 = kernels.bf16_pack(w.bfloat16())
     previous = torch.get_num_threads()
@@ -226,6 +229,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
             results.append(
                 [kernels.int8_linear(x, packed) for _ in range(20)]
                 + [kernels.int4_linear(x, packed4) for _ in range(20)]
+                + [kernels.int7_linear(x, packed7) for _ in range(20)]
                 + [kernels.bf16_linear(x, w.bfloat16()) for _ in range(20)]
                 + [kernels.bf16_packed_linear(x.bfloat16(), packed_bf16) for _ in range(20 * bool(packs))]
             )
@@ -243,6 +247,26 @@ def test_int8_quantization_error_is_small() -> None:
     error = (expand_int8_blocks(q, scale) - w).abs()
     assert (error <= scale.repeat_interleave(32, dim=1) / 2 + 1e-7).all()
     assert q.abs().max() <= 127
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+def test_int7_weights_stay_within_63_steps_and_pack_as_int8_tensors(isa: str) -> None:
+    """int7: int8's blocks with weights in -63..63, each within half a step of its fp16 scale (x 63 >= the
+    block's largest weight); int7_pack refuses anything past 63 steps (the AVX2 kernel stores them + 64 as
+    maddubs' unsigned operand, where 64 + 64 would wrap) and returns int8's tile bytes as an int8 tensor."""
+    w = torch.randn(64, 576, generator=torch.Generator().manual_seed(1)) * torch.logspace(-3, 0, 576)
+    q, scale = quantize_int7_blocks(w)
+    assert q.dtype == torch.int8 and q.abs().max() == 63 and torch.equal(scale.half().float(), scale)
+    assert (scale * 63 >= w.abs().view(64, 18, 32).amax(-1)).all()
+    error = (expand_int8_blocks(q, scale) - w).abs()
+    assert (error <= scale.repeat_interleave(32, dim=1) / 2 + 1e-7).all()
+    kernels = load_kernels(isa)
+    packed = kernels.int7_pack(q, scale)
+    assert packed.dtype == torch.int8 and packed.shape == kernels.int8_pack(q, scale).shape
+    too_far = q.clone()
+    too_far[3, 7] = 64
+    with pytest.raises(RuntimeError, match="int7 weights must lie in -63..63"):
+        kernels.int7_pack(too_far, scale)
 
 
 def test_int4_quantization_is_q4_0s() -> None:
@@ -342,6 +366,11 @@ def test_shape_mismatches_raise_with_the_sizes_in_the_message(isa: str) -> None:
         kernels.int4_linear(torch.zeros(1, 100), packed4)
     with pytest.raises(RuntimeError, match="packed int4 weights must be"):
         kernels.int4_linear(torch.zeros(1, 64), packed)  # int8 tiles are not int4 tiles
+    packed7 = kernels.int7_pack(*quantize_int7_blocks(torch.randn(8, 64)))
+    with pytest.raises(RuntimeError, match="packed int7 weights must be"):
+        kernels.int7_linear(torch.zeros(1, 64), packed)  # same bytes, told apart by the dtype
+    with pytest.raises(RuntimeError, match="packed int8 weights must be"):
+        kernels.int8_linear(torch.zeros(1, 64), packed7)
 
 
 def calls_aten_mm(kernels, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, bool]:

@@ -29,7 +29,7 @@ def auto_dtype(device: str, quantization: str) -> str:
 
     if load_kernels() is None:
         return "float32"
-    if quantization == "int8":
+    if quantization in ("int8", "int7"):  # int7 runs int8's kernels on the amx build
         return "bfloat16" if selected_isa() == "amx" else "float32"
     return "float32" if quantization in BLOCK_QUANTIZATIONS else "bfloat16"
 

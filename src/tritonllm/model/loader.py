@@ -93,7 +93,7 @@ def load_model(
                 raise UnsupportedModelError(f"engine directory is missing tensor {name!r} or its scale")
         weight = torch.cat([tensors.pop(n).to(device) for n in weights])
         scale = torch.cat([tensors.pop(n + SCALE_SUFFIX).to(device) for n in weights])
-        return prequantized_linear(weight, scale, bias, torch_dtype)
+        return prequantized_linear(weight, scale, bias, torch_dtype, built)
 
     layers = []
     for i in range(args.num_layers):

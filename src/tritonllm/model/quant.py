@@ -4,6 +4,11 @@
   and block on the fly (llama.cpp's q8_0 arithmetic), through the project's kernel (`csrc/int8_linear.cpp`);
   the lm_head too (as in llama.cpp's q8_0 files): on SmolLM2 an int8 head moved perplexity by 0.02%
   against a bf16 one, and reads 32 MB per step instead of 57 (a sixth of what batch 1 reads).
+- `int7`: int8's blocks, scales, bytes and kernels, with weights held to -63..63 (7 bits). CPUs without VNNI
+  (AVX2) multiply int8's signed weights with one extra sign operation per 32 products; 7-bit weights go into
+  the multiply as they are (stored + 64, unsigned), and that op's pipe time goes to the products: 1.2-1.3x
+  int8's speed at 8-512 tokens there, at +0.1% perplexity (benchmarks/README.md). The VNNI and AMX builds run
+  them as int8 (vpdpbusd has no such op to save). Opt-in.
 - `int4`: 4-bit weights in blocks of 32 with one fp16 scale each (llama.cpp's q4_0), through the same kernels
   (`csrc/int4_linear.cpp`): half int8's bytes, for batch-1 decode that streams every weight each token. The
   lm_head stays int8 (llama.cpp's q4_0 files keep their output tensor at higher precision too).
@@ -143,27 +148,36 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 INT8_BLOCK = 32
 
 
-def quantize_int8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W ~= W_int8 * scale per block of 32 inputs: int8 [N, K'] and fp32 scales [N, K'/32], where K' is K
-    rounded up to 32 (zero-padded). Scales are fp16 values (the kernel's tiles store them so, as q8_0 does),
-    rounded up so that no weight exceeds 127 steps."""
+def quantize_int8_blocks(weight: torch.Tensor, steps: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """W ~= W_int8 * scale per block of 32 inputs: int8 [N, K'] in -steps..steps and fp32 scales [N, K'/32],
+    where K' is K rounded up to 32 (zero-padded). Scales are fp16 values (the kernel's tiles store them so, as
+    q8_0 does), rounded up so that no weight exceeds `steps` steps."""
     n, k = weight.shape
     padded = -(-k // INT8_BLOCK) * INT8_BLOCK
     blocks = F.pad(weight.float(), (0, padded - k)).view(n, padded // INT8_BLOCK, INT8_BLOCK)
-    scale = fp16_at_least(blocks.abs().amax(dim=-1) / 127.0)
-    q = torch.round(blocks / scale.clamp(min=1e-12)[..., None]).clamp(-127, 127).to(torch.int8)
+    scale = fp16_at_least(blocks.abs().amax(dim=-1) / steps, steps)
+    q = torch.round(blocks / scale.clamp(min=1e-12)[..., None]).clamp(-steps, steps).to(torch.int8)
     return q.view(n, padded), scale.contiguous()
+
+
+INT7_STEPS = 63  # int7 weights: -63..63, + 64 fits maddubs' unsigned operand with 127 x 127 x 2 < 2^15
+
+
+def quantize_int7_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As quantize_int8_blocks, with weights in -63..63 (the `int7` quantization)."""
+    return quantize_int8_blocks(weight, INT7_STEPS)
 
 
 FP16_MAX = 65504.0
 
 
-def fp16_at_least(values: torch.Tensor) -> torch.Tensor:
-    """The smallest fp16 value >= each of `values` (non-negative, at most fp16's max), in fp32."""
+def fp16_at_least(values: torch.Tensor, steps: int) -> torch.Tensor:
+    """The smallest fp16 value >= each of `values` (non-negative scales of `steps` steps a side, at most
+    fp16's max), in fp32."""
     if values.numel() and values.max() > FP16_MAX:
         raise ValueError(
-            f"a block of weights reaches {127 * values.max().item():.3g}: int8 blocks with fp16 scales hold "
-            f"at most {127 * FP16_MAX:.3g} (quantize this checkpoint with another method)"
+            f"a block of weights reaches {steps * values.max().item():.3g}: int8 blocks with fp16 scales hold "
+            f"at most {steps * FP16_MAX:.3g} (quantize this checkpoint with another method)"
         )
     half = values.half()
     below = half.float() < values
@@ -218,6 +232,7 @@ QUANTIZERS = {
     "int8_wo": quantize_int8,
     "fp8": quantize_fp8,
     "int8": quantize_int8_blocks,
+    "int7": quantize_int7_blocks,
     "int4": quantize_int4_blocks,
 }
 
@@ -288,6 +303,15 @@ class BlockInt8Linear(BlockLinear):
     expand = staticmethod(expand_int8_blocks)
 
 
+class BlockInt7Linear(BlockLinear):
+    """int8's blocks holding 7-bit weights; their tiles come back from `int7_pack` as int8 tensors, which is
+    how `csrc/decode_stack.cpp` tells them from int8's (the same bytes)."""
+
+    kernel = "int7"
+    block_bytes = INT8_BLOCK + 2
+    expand = staticmethod(expand_int8_blocks)
+
+
 class BlockInt4Linear(BlockLinear):
     kernel = "int4"
     block_bytes = INT8_BLOCK // 2 + 2
@@ -343,6 +367,10 @@ def block_int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) ->
     return BlockInt8Linear(*quantize_int8_blocks(weight), bias)
 
 
+def block_int7_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> BlockInt7Linear:
+    return BlockInt7Linear(*quantize_int7_blocks(weight), bias)
+
+
 def block_int4_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> BlockInt4Linear:
     return BlockInt4Linear(*quantize_int4_blocks(weight), bias)
 
@@ -352,6 +380,7 @@ LINEAR_TYPES = {
     "int8_wo": int8_linear,
     "fp8": fp8_linear,
     "int8": block_int8_linear,
+    "int7": block_int7_linear,
     "int4": block_int4_linear,
 }
 
@@ -361,9 +390,12 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: s
 
 
 def prequantized_linear(
-    weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+    weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, quantization: str
 ) -> nn.Module:
-    """A linear over weights quantized ahead of time (an engine directory), by their storage dtype."""
+    """A linear over weights quantized ahead of time (an engine directory), by their storage dtype (int7's
+    and int8's are alike: by the directory's `quantization`)."""
+    if quantization == "int7" and weight.dtype == torch.int8 and scale.dim() == 2:
+        return BlockInt7Linear(weight, scale, bias)
     if weight.dtype == torch.int8 and scale.dim() == 2:
         return BlockInt8Linear(weight, scale, bias)
     if weight.dtype == torch.uint8:

@@ -122,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ENGINE_QUANTIZATIONS,
         default="auto",
         help="engine weights; auto: an engine directory's own, else int8 where the CPU kernels run (faster "
-        "than bf16 at every batch size measured, closer to fp32), else none (default: auto)",
+        "than bf16 at every batch size measured, closer to fp32), else none; int7: int8 with 7-bit weights, "
+        "1.2-1.3x int8's speed from 8 tokens on CPUs without VNNI (AVX2), +0.1%% perplexity (default: auto)",
     )
     parser.add_argument(
         "--dtype",

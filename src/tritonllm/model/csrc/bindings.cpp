@@ -10,6 +10,7 @@
 #include "layer_ops.cpp"
 #include "linear.cpp"
 #include "int8_linear.cpp"
+#include "int7_linear.cpp"
 #include "int4_linear.cpp"
 #include "bf16_packed_linear.cpp"
 #include "paged_attention.cpp"
@@ -28,6 +29,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
   m.def("widened_min_tokens", &widened_min_tokens,
         "from how many tokens int8/int4 linears run bf16 activations x weights widened to bf16 (amx build; 0: never)");
+  m.def("int7_pack", &int7_pack, "7-bit weights (-63..63) in int8's blocks + their scales, in int8's tiles (an int8 tensor)",
+        pybind11::arg("weight"), pybind11::arg("scales"), release());
+  m.def("int7_linear", &int7_linear, "x @ W^T for packed int7 weights (activations quantized per block of 32)",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
   m.def("int4_pack", &int4_pack, "4-bit weights in blocks of 32 (q4_0's nibbles) + their scales, in the kernels' tiles",
         pybind11::arg("weight"), pybind11::arg("scales"), release());
   m.def("int4_linear", &int4_linear, "x @ W^T for packed int4 weights (activations quantized per block of 32)",

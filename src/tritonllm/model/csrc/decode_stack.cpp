@@ -7,10 +7,11 @@
 
 namespace {
 
-// A linear as two tensors: packed int8 or int4 weights (int8_pack / int4_pack, told apart by their bytes a block),
-// packed bf16 weights (bf16_pack: 3 dimensions) or row-major bf16 ones, then a bias or an empty tensor. Packed
-// rows are a multiple of their tiles', so there is nothing to drop.
-bool is_packed(const at::Tensor& weight) { return weight.scalar_type() == at::kByte; }
+// A linear as two tensors: packed int8, int7 or int4 weights (int8_pack / int7_pack / int4_pack: uint8 tiles told
+// apart by their bytes a block, int7's int8), packed bf16 weights (bf16_pack: 3 dimensions) or row-major bf16 ones,
+// then a bias or an empty tensor. Packed rows are a multiple of their tiles', so there is nothing to drop.
+bool is_int7(const at::Tensor& weight) { return weight.scalar_type() == at::kChar; }
+bool is_packed(const at::Tensor& weight) { return weight.scalar_type() == at::kByte || is_int7(weight); }
 bool is_packed_bf16(const at::Tensor& weight) { return weight.scalar_type() == at::kBFloat16 && weight.dim() == 3; }
 
 int64_t out_features(const at::Tensor& weight) {
@@ -21,6 +22,7 @@ int64_t out_features(const at::Tensor& weight) {
 void run_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::Tensor& out) {
   c10::optional<at::Tensor> b;
   if (bias.numel() > 0) b = bias;
+  if (is_int7(weight)) return int7_linear_into(x, weight, b, out);
   if (is_packed(weight) && weight.size(2) == kInt4BlockBytes) return int4_linear_into(x, weight, b, out);
   if (is_packed(weight)) return int8_linear_into(x, weight, b, out);
   if (is_packed_bf16(weight)) return bf16_packed_linear_into(x, weight, b, out);

@@ -1,7 +1,7 @@
 // Linear layers over int8 weights in blocks of 32 inputs with one fp16 scale each (llama.cpp's q8_0), times
 // activations quantized to int8 per token and block on the fly (the arithmetic of llama.cpp's q8_0 x q8_0 dot
 // product), at every batch size. The kernels take the weight format as a template argument (Int8Format here,
-// Int4Format in int4_linear.cpp).
+// Int7Format in int7_linear.cpp, Int4Format in int4_linear.cpp).
 //
 // The weights are repacked once at load into tiles of 8 rows. Per block of 32 inputs a tile holds 272 bytes:
 // the 8 rows' scales in fp16 (34 bytes per 32 weights, as q8_0; fp32 scales took 36, and batch 1 reads every
@@ -599,7 +599,7 @@ void dot_product(const at::Tensor& x, const at::Tensor& packed, const c10::optio
   const int64_t k = x.size(-1), m = x.numel() / k, tiles = packed.size(0), nb = packed.size(1), kp = nb * kBlock;
   const int64_t n = tiles * kTileRows;
   T* op = out.data_ptr<T>();
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const uint8_t* wp = static_cast<const uint8_t*>(packed.data_ptr());  // uint8, or int8 (int7's tiles)
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int64_t tile_bytes = nb * Format::kBlockBytes;
   ActivationScratch& scratch = activation_scratch;
