@@ -4,12 +4,14 @@ one process.
     git worktree add /tmp/base <commit>
     .venv/bin/python benchmarks/bench_kernels_ab.py --against /tmp/base --quantization int8 --batch 1
     .venv/bin/python benchmarks/bench_kernels_ab.py --against /tmp/base --prefill --prompt-tokens 1024
+    .venv/bin/python benchmarks/bench_kernels_ab.py --quantization int7 --quantization-b int8 --batch 32
 
 Both builds are loaded (B compiled from `<against>/src/tritonllm/model/csrc` under its own name); the engine
 runs the same requests with A, then B, alternating the order each round, and prints each round's median
 step time and the paired B/A ratios (> 1: A is faster). Runs in separate processes differ by up to 30% on
 a shared 2-core VM; alternating in one process pairs rounds under the same conditions. Both builds must
 take the same packed weights (the kernels' int8 layout) and have the bindings the model calls.
+With --quantization-b, B is a second engine of this tree with other weights, run the same way.
 """
 
 from __future__ import annotations
@@ -70,9 +72,10 @@ def round_ms(engine: LLMEngine, tag: str, batch: int, prompt: int, tokens: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--against", type=Path, required=True, help="the other tree (a git worktree)")
+    parser.add_argument("--against", type=Path, help="the other tree (a git worktree)")
     parser.add_argument("--model", default=None, help="an HF model directory (default: SmolLM2)")
     parser.add_argument("--quantization", default="int8")
+    parser.add_argument("--quantization-b", help="B: this tree's engine with these weights (not --against)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10)
@@ -81,23 +84,37 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefill", action="store_true", help="time the prompts' prefill, not decode steps")
     args = parser.parse_args()
-    builds = {"A": cpu_kernels.load_kernels(), "B": build_other(args.against)}
-    config = EngineConfig(
-        model=args.model or str(default_model_path()),
-        num_threads=args.threads,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        kv_cache_memory_bytes=256 << 20,
-        enable_prefix_caching=not args.prefill,  # every round's prompts are the same: cached, no prefill
-    )
-    engine = LLMEngine(config)
+    if (args.against is None) == (args.quantization_b is None):
+        parser.error("give one of --against and --quantization-b")
+    this = cpu_kernels.load_kernels()
+    builds = {"A": this, "B": build_other(args.against) if args.against else this}
+
+    def engine_with(quantization: str) -> LLMEngine:
+        return LLMEngine(
+            EngineConfig(
+                model=args.model or str(default_model_path()),
+                num_threads=args.threads,
+                dtype=args.dtype,
+                quantization=quantization,
+                kv_cache_memory_bytes=256 << 20,
+                # every round's prompts are the same: cached, no prefill
+                enable_prefix_caching=not args.prefill,
+            )
+        )
+
+    engine = engine_with(args.quantization)
+    engines = {"A": engine, "B": engine_with(args.quantization_b) if args.quantization_b else engine}
     print(f"CPU flags: {' '.join(cpu_kernels.cpu_flags())}; load average {os.getloadavg()}")
+    print(
+        f"A: {args.quantization}, this tree; "
+        f"B: {args.quantization_b or args.quantization}, {args.against or 'this tree'}"
+    )
     times: dict[str, list[float]] = {"A": [], "B": []}
     for r in range(args.rounds):
         for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
             use(builds[name])
             step_ms = round_ms(
-                engine, f"{name}{r}", args.batch, args.prompt_tokens, args.max_tokens, args.prefill
+                engines[name], f"{name}{r}", args.batch, args.prompt_tokens, args.max_tokens, args.prefill
             )
             times[name].append(step_ms)
         a, b = times["A"][-1], times["B"][-1]

@@ -38,7 +38,8 @@ LAYERS = 30
 
 
 def packed_layers(kernels, fmt: str, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each weight in the build's layout for `fmt` (int8 / int7 / int4: block formats; bf16: bf16_pack's tiles)."""
+    """Each weight in the build's layout for `fmt` (int8 / int7 / int4: block formats; bf16: bf16_pack's
+    tiles)."""
     if fmt == "bf16":
         return [kernels.bf16_pack(w.bfloat16()) for w in weights]
     return [getattr(kernels, f"{fmt}_pack")(*quant.QUANTIZERS[fmt](w)) for w in weights]
@@ -68,7 +69,10 @@ def main() -> int:
     packed = {name: packed_layers(kernels, fmt[name], weights) for name, kernels in builds.items()}
     print(f"CPU flags: {' '.join(cpu_kernels.cpu_flags())}; load average {os.getloadavg()}")
     isa = cpu_kernels.selected_isa()
-    print(f"{LAYERS} layers, {isa} build; A: {fmt['A']}, this tree; B: {fmt['B']}, {args.against or 'this tree'}")
+    print(
+        f"{LAYERS} layers, {isa} build; A: {fmt['A']}, this tree; "
+        f"B: {fmt['B']}, {args.against or 'this tree'}"
+    )
     for m in (int(t) for t in args.tokens.split(",")):
         x = {k: torch.randn(m, k, generator=gen).bfloat16() for k in {k for _, k in SHAPES}}
         first: dict[str, list[torch.Tensor]] = {}  # one layer's outputs from each build

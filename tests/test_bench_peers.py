@@ -98,10 +98,10 @@ def test_ratios_pair_same_weight_bits_and_vllm() -> None:
 
 def test_four_bit_weights_pair_with_llama_q4_0() -> None:
     """4-bit options (int4 / q4 / w4 in the weights string) compare against llama.cpp q4_0, 8-bit ones
-    still against q8_0, and the ratio table pairs them so."""
+    (and int7, which llama.cpp has no format for) against q8_0, and the ratio table pairs them so."""
     for weights in ("int4", "int4_wo", "q4_0", "w4a16"):
         assert llama_counterpart(weights) == "llama-q4_0", weights
-    for weights in ("int8", "q8_0", "w8a8"):
+    for weights in ("int8", "int7", "q8_0", "w8a8"):
         assert llama_counterpart(weights) == "llama-q8_0", weights
     assert llama_counterpart("float32") == "llama-bf16"
     summaries = {

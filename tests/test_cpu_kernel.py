@@ -295,7 +295,12 @@ def test_stale_build_lock_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(
     ("quantization", "dtype", "kv_cache_dtype"),
-    [("int8", "float32", "auto"), ("int7", "float32", "auto"), ("none", "bfloat16", "auto"), ("int8", "float32", "int8")],
+    [
+        ("int8", "float32", "auto"),
+        ("int7", "float32", "auto"),
+        ("none", "bfloat16", "auto"),
+        ("int8", "float32", "int8"),
+    ],
 )
 def test_fused_decode_layers_match_the_python_loop_to_the_bit(
     tiny_llama_dir: Path, quantization: str, dtype: str, kv_cache_dtype: str

@@ -1,7 +1,7 @@
-"""The int8, 7-bit and 4-bit (blocks of 32, packed in tiles of 8 or 16 rows) and bf16 linear kernels, for every
-instruction set this CPU runs: they match a PyTorch reference on shapes that hit every tile edge, in both
-batch regimes (int8 dot products for a few tokens, fp32 expansion for more), and the PyTorch fallback of the
-block linears matches the kernel."""
+"""The int8, 7-bit and 4-bit (blocks of 32, packed in tiles of 8 or 16 rows) and bf16 linear kernels, for
+every instruction set this CPU runs: they match a PyTorch reference on shapes that hit every tile edge, in
+both batch regimes (int8 dot products for a few tokens, fp32 expansion for more), and the PyTorch fallback
+of the block linears matches the kernel."""
 
 from __future__ import annotations
 

@@ -16,11 +16,11 @@ Summaries = dict[str, dict[str, dict[str, Any]]]
 
 
 def llama_counterpart(weights: str) -> str:
-    """llama.cpp at the same weight bits: q4_0 for 4-bit weights, q8_0 for 8-bit ones, bf16 otherwise (fp32
-    has no peer run)."""
+    """llama.cpp at the same weight bits: q4_0 for 4-bit weights, q8_0 for 8-bit ones, and for int7 (no
+    7-bit format in llama.cpp: q8_0 holds one bit more), bf16 otherwise (fp32 has no peer run)."""
     if re.search(r"int4|q4|w4", weights):
         return "llama-q4_0"
-    return "llama-q8_0" if re.search(r"int8|q8|w8", weights) else "llama-bf16"
+    return "llama-q8_0" if re.search(r"int[78]|q8|w8", weights) else "llama-bf16"
 
 
 def vllm_label(summaries: Summaries) -> str:

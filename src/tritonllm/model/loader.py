@@ -82,8 +82,9 @@ def load_model(
         parts = [take(n, required) for n in names]
         return None if any(p is None for p in parts) else torch.cat(parts, dim=0)
 
-    def linear(prefixes: list[str], has_bias: bool) -> torch.nn.Module:
-        """One linear over the output channels of `prefixes` (q, k, v fused; gate and up fused)."""
+    def linear(prefixes: list[str], has_bias: bool, stored: str | None = built) -> torch.nn.Module:
+        """One linear over the output channels of `prefixes` (q, k, v fused; gate and up fused); `stored`:
+        the quantization its stored weights are in (a directory's head may differ: int8 under int7)."""
         weights = [n + ".weight" for n in prefixes]
         bias = cat(*(n + ".bias" for n in prefixes)) if has_bias else None
         if not prequantized:
@@ -93,7 +94,7 @@ def load_model(
                 raise UnsupportedModelError(f"engine directory is missing tensor {name!r} or its scale")
         weight = torch.cat([tensors.pop(n).to(device) for n in weights])
         scale = torch.cat([tensors.pop(n + SCALE_SUFFIX).to(device) for n in weights])
-        return prequantized_linear(weight, scale, bias, torch_dtype, built)
+        return prequantized_linear(weight, scale, bias, torch_dtype, stored)
 
     layers = []
     for i in range(args.num_layers):
@@ -113,7 +114,7 @@ def load_model(
         layers.append(DecoderLayer(args, linears, norms))
     embed = take("model.embed_tokens.weight")
     if prequantized and "lm_head.weight" + SCALE_SUFFIX in tensors:  # stored quantized, tied or not
-        lm_head = linear(["lm_head"], False)
+        lm_head = linear(["lm_head"], False, head_quantization(built))
     elif prequantized:  # stored unquantized (int8 engine directories built before the head was int8)
         lm_head = make_linear(tensors.pop("lm_head.weight").to(device), None, built)
     else:
