@@ -34,7 +34,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
         default="auto",
-        help="default auto: as built, else the compute dtype (bf16 under int8/int4); int8: a scale per row",
+        help="default auto: as built, else the compute dtype (bf16 under int8/int7/int4); int8: a scale "
+        "per row",
     )
     parser.add_argument("--threads", type=int, help="CPU threads (default: the cores available)")
 

@@ -44,8 +44,9 @@ def parser() -> argparse.ArgumentParser:
         default="none",
         help="weights: none; int8 (the project's engine: int8 weights and activations in blocks of 32, "
         "llama.cpp's q8_0 arithmetic, lm_head too; the most accurate fast choice on CPUs); int7 (int8's "
-        "blocks with 7-bit weights: 1.2-1.3x int8's speed from 8 tokens on CPUs without VNNI (AVX2), "
-        "+0.1%% perplexity; as int8 elsewhere); int4 (the "
+        "blocks with 7-bit weights, an int8 lm_head: on CPUs without VNNI (AVX2) decode 1.1x and prefill "
+        "1.2x int8's speed from 8 tokens, perplexity as int8's, greedy output further from fp32's; run as "
+        "int8 elsewhere); int4 (the "
         "project's engine: llama.cpp's q4_0, 4-bit weights in blocks of 32 with an int8 lm_head; the "
         "fastest at batch 1, at a cost in accuracy: benchmarks/README.md); int8_wo / int4_wo (weight-only, "
         "per channel); fp8 (e4m3 per channel; on CPUs a storage format, computed in the dtype); int8_sq "

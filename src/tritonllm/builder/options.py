@@ -111,7 +111,7 @@ class BuildOptions:
         if self.kv_cache_dtype not in ("auto", "int8"):
             raise BuildError(
                 f"--kv-cache-dtype {self.kv_cache_dtype} needs the TensorRT-LLM backend; {why}, "
-                "whose KV cache is auto (the compute dtype; bf16 under int8/int4 weights) or int8"
+                "whose KV cache is auto (the compute dtype; bf16 under int8/int7/int4 weights) or int8"
             )
         if self.tp_size != 1:
             raise BuildError(f"--tp-size {self.tp_size} needs the TensorRT-LLM backend; {why} (one device)")

@@ -13,12 +13,13 @@ def auto_dtype(device: str, quantization: str) -> str:
     """The fastest accurate compute dtype for `device`.
 
     CPU: bfloat16 where the project's kernels build (they read bf16 weights and KV with fp32 arithmetic, so
-    any AVX2 CPU gains; measured in benchmarks/README.md), else float32. Under int8 and int4, whose kernel
-    quantizes activations itself, bf16 activations saved no time on the VNNI builds, so those keep float32;
-    the amx build takes bf16 under int8: its prefill tiles read bf16 activations, which fp32 ones were
-    converted to on every call (SmolLM2's linears at 512 tokens 85-89 against 107-112 ms, 32 requests of 128 +
-    128 tokens 3.9-4.1 against 4.3-4.8 s in-process, batch 1 alike), at the same accuracy (perplexity / fp32's
-    1.0012 against 1.0026; on Zen 4 1.0054 against 1.0057). Not under int4 (1.2318 against 1.2243).
+    any AVX2 CPU gains; measured in benchmarks/README.md), else float32. Under int8, int7 and int4, whose
+    kernel quantizes activations itself, bf16 activations saved no time on the VNNI builds, so those keep
+    float32; the amx build takes bf16 under int8 (and int7, which it runs as int8): its prefill tiles read
+    bf16 activations, which fp32 ones were converted to on every call (SmolLM2's linears at 512 tokens 85-89
+    against 107-112 ms, 32 requests of 128 + 128 tokens 3.9-4.1 against 4.3-4.8 s in-process, batch 1 alike),
+    at the same accuracy (perplexity / fp32's 1.0012 against 1.0026; on Zen 4 1.0054 against 1.0057). Not
+    under int4 (1.2318 against 1.2243).
     CUDA: bfloat16 where supported.
     """
     if device.startswith("cuda"):
@@ -35,9 +36,9 @@ def auto_dtype(device: str, quantization: str) -> str:
 
 
 def auto_kv_cache_dtype(dtype: str, quantization: str, device: str) -> str:
-    """The compute dtype, but bfloat16 under int8 or int4 weights with fp32 activations on the CPU kernels:
-    halves what decode attention reads (a third of a 32-request step's bytes at 256 tokens of context) for
-    less error than the int8 weights already make (perplexity: benchmarks/README.md)."""
+    """The compute dtype, but bfloat16 under int8, int7 or int4 weights with fp32 activations on the CPU
+    kernels: halves what decode attention reads (a third of a 32-request step's bytes at 256 tokens of
+    context) for less error than the int8 weights already make (perplexity: benchmarks/README.md)."""
     if dtype == "float32" and quantization in BLOCK_QUANTIZATIONS and device == "cpu":
         from tritonllm.model.cpu_kernels import load_kernels
 

@@ -6,9 +6,10 @@
   against a bf16 one, and reads 32 MB per step instead of 57 (a sixth of what batch 1 reads).
 - `int7`: int8's blocks, scales, bytes and kernels, with weights held to -63..63 (7 bits). CPUs without VNNI
   (AVX2) multiply int8's signed weights with one extra sign operation per 32 products; 7-bit weights go into
-  the multiply as they are (stored + 64, unsigned), and that op's pipe time goes to the products: 1.2-1.3x
-  int8's speed at 8-512 tokens there, at +0.1% perplexity (benchmarks/README.md). The VNNI and AMX builds run
-  them as int8 (vpdpbusd has no such op to save). Opt-in.
+  the multiply as they are (stored + 64, unsigned), and that op's pipe time goes to the products: linears
+  1.2-1.3x int8's speed from 8 tokens there (decode steps 1.1x, prefill 1.2x), perplexity as int8's, greedy
+  output further from fp32's (benchmarks/README.md#int7). The lm_head stays int8. The VNNI and AMX builds
+  run them as int8 (vpdpbusd has no such op to save). Opt-in.
 - `int4`: 4-bit weights in blocks of 32 with one fp16 scale each (llama.cpp's q4_0), through the same kernels
   (`csrc/int4_linear.cpp`): half int8's bytes, for batch-1 decode that streams every weight each token. The
   lm_head stays int8 (llama.cpp's q4_0 files keep their output tensor at higher precision too).
