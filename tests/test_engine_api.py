@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import torch
 from engine_helpers import greedy, hf_greedy, make_engine
 
 from tritonllm.engine import EngineBusyError, EngineConfig, FinishReason, InvalidRequestError
-from tritonllm.model.cpu_kernels import load_kernels
+from tritonllm.model import quant
+from tritonllm.model.cpu_kernels import load_kernels, selected_isa
 
 PROMPT = list(range(50, 70))
 
@@ -70,6 +72,23 @@ def test_kv_cache_is_bf16_under_int8_where_the_kernels_run(tiny_llama_dir: Path)
     stats = engine.stats()
     assert (stats.dtype, stats.quantization, stats.kv_cache_dtype) == ("float32", "int8", "bfloat16")
     assert len(engine.generate([PROMPT], greedy(8))[0]) == 8
+
+
+def test_int7_warns_where_it_runs_as_int8(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """int7 is only faster on the kernel builds without VNNI (avx2, avx512); elsewhere the engine says at
+    start that int8 would be as fast and more accurate, and runs int7 all the same."""
+    caplog.set_level(logging.WARNING, logger="tritonllm.engine.model_runner")
+    fast = load_kernels() is not None and selected_isa() in quant.INT7_FAST_ISAS
+    assert quant.int7_runs_as_int8(torch.device("cpu")) is not fast
+    make_engine(tiny_llama_dir, quantization="int7")
+    assert ("gains no speed" in caplog.text) is not fast
+    caplog.clear()
+    monkeypatch.setattr(quant, "selected_isa", lambda: "amx")
+    engine = make_engine(tiny_llama_dir, quantization="int7")
+    assert "quantization=int7 gains no speed" in caplog.text
+    assert len(engine.generate([PROMPT], greedy(4))[0]) == 4
 
 
 def test_int8_kv_cache_holds_twice_the_tokens_of_bf16_in_the_same_memory(tiny_llama_dir: Path) -> None:

@@ -14,7 +14,7 @@ from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
 from tritonllm.model.huge_pages import huge_page_share, huge_page_zeros
 from tritonllm.model.kv_rows import row_width
 from tritonllm.model.loader import TORCH_DTYPES, load_model
-from tritonllm.model.quant import runs_on_kernels
+from tritonllm.model.quant import int7_runs_as_int8, runs_on_kernels
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,12 @@ class ModelRunner:
             config.num_threads,
             streamed_weight_pages(self.model),
         )
+        if config.quantization == "int7" and int7_runs_as_int8(self.device):
+            log.warning(
+                "quantization=int7 gains no speed with kernels=%s (it runs as int8 here, with 7 bits' "
+                "accuracy): int8 is as fast and closer to the unquantized model",
+                self.kernels,
+            )
         self.args = self.model.args
         self.tokens_per_block = config.tokens_per_block
         a = self.args
