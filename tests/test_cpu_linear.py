@@ -99,6 +99,26 @@ def test_block_linear_matches_reference(fmt: str, isa: str, shape: tuple[int, in
 
 
 @pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+def test_block_linears_hold_their_largest_sums(fmt: str, isa: str) -> None:
+    """Weights and activations at their formats' extremes, where the AVX2 kernels' int16 sums of products are
+    largest (int4 adds a block's 4 chunks in int16 before widening): every product at the top of its range,
+    all of one sign, or of random signs, for 1 and 9 tokens (8-token passes and one more)."""
+    kernels = load_kernels(isa)
+    gen = torch.Generator().manual_seed(7)
+    signs = torch.randint(0, 2, (16, 128), generator=gen).float() * 2 - 1
+    top = torch.full((16, 128), 0.875)
+    top[:, ::32] = -1.0  # int4's scale: the block's extreme is -8 steps, 0.875 is +7 (nibble 15)
+    for w in (signs, -signs.abs(), top):
+        q, scale = quant.QUANTIZERS[fmt](w)
+        weight = BLOCK_FORMATS[fmt].expand(q, scale)
+        packed = getattr(kernels, f"{fmt}_pack")(q, scale)
+        for x in (torch.ones(9, 128), -torch.ones(1, 128), signs[:9]):
+            got = getattr(kernels, f"{fmt}_linear")(x, packed)[:, :16]
+            torch.testing.assert_close(got, quantized_activations(x) @ weight.T, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("shape", SHAPES)
 def test_bf16_linear_matches_reference(isa: str, shape: tuple[int, int, int]) -> None:
     kernels = load_kernels(isa)

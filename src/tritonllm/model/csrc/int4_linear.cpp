@@ -28,6 +28,9 @@ inline int64_t int4_byte_offset(int64_t b, int64_t r, int64_t i) {
 struct Int4Format {
   static constexpr int64_t kBlockBytes = kInt4BlockBytes;
   static constexpr int32_t kOffset = 8;
+  // (AVX2) A pair of products is at most 15 x 127 x 2 = 3,810: a block's 4 chunks add up in int16 and widen once
+  // (vpmaddwd), where int8's widen every chunk: SmolLM2's linears 1.13-1.15x faster at 8-512 tokens (Zen 3).
+  static constexpr int kChunksPerSum = 4;
   static int32_t weight(const uint8_t* tile, int64_t b, int64_t r, int64_t i) {
     const uint8_t both = tile[int4_byte_offset(b, r, i % 16)];
     return (i < 16 ? both & 0x0F : both >> 4) - kOffset;

@@ -16,6 +16,7 @@ namespace {
 struct Int7Format {
   static constexpr int64_t kBlockBytes = kTileBlock;
   static constexpr int32_t kOffset = 64;
+  static constexpr int kChunksPerSum = 1;  // 127 x 127 x 2 a pair fills int16: each chunk widens alone
   static int32_t weight(const uint8_t* tile, int64_t b, int64_t r, int64_t i) {
     return tile[weight_offset(b, r, i)] - kOffset;
   }

@@ -80,6 +80,7 @@ constexpr int64_t kTileBlock = kTileRows * (kBlock + 2);  // a tile's bytes per 
 struct Int8Format {
   static constexpr int64_t kBlockBytes = kTileBlock;
   static constexpr int32_t kOffset = kWeightOffset;
+  static constexpr int kChunksPerSum = 1;  // (AVX2) |w| x |x| x 2 fills int16: each chunk widens alone
   static int32_t weight(const uint8_t* tile, int64_t b, int64_t r, int64_t i) {
     return static_cast<int8_t>(tile[weight_offset(b, r, i)] ^ kWeightOffset);
   }
@@ -267,11 +268,19 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
     TRITONLLM_UNROLL for (int m = 0; m < RM; ++m) {
       const int64_t at = (m * nb + b) * kBlock;
       __m256i rows0123 = _mm256_setzero_si256(), rows4567 = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i xc = broadcast8(xq + at + 8 * c);
-        const __m256i abs_xc = Format::kOffset ? xc : broadcast8(abs_xq + at + 8 * c);
-        __m256i p0, p1;
-        Format::chunk_products(block, c, xc, abs_xc, p0, p1);
+      // maddubs leaves int16 pairs of products: Format::kChunksPerSum chunks' pairs add up in int16 (as many as
+      // cannot overflow) before one madd widens them to int32 and adds each row's pairs.
+      constexpr int kStep = Format::kChunksPerSum;
+      for (int c = 0; c < 4; c += kStep) {
+        __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+        TRITONLLM_UNROLL for (int j = 0; j < kStep; ++j) {
+          const __m256i xc = broadcast8(xq + at + 8 * (c + j));
+          const __m256i abs_xc = Format::kOffset ? xc : broadcast8(abs_xq + at + 8 * (c + j));
+          __m256i q0, q1;
+          Format::chunk_products(block, c + j, xc, abs_xc, q0, q1);
+          p0 = j == 0 ? q0 : _mm256_add_epi16(p0, q0);
+          p1 = j == 0 ? q1 : _mm256_add_epi16(p1, q1);
+        }
         rows0123 = _mm256_add_epi32(rows0123, _mm256_madd_epi16(p0, ones));
         rows4567 = _mm256_add_epi32(rows4567, _mm256_madd_epi16(p1, ones));
       }
