@@ -32,38 +32,24 @@ using Int7Format = Int8Format;
 
 constexpr int kInt7Steps = 63;
 
-void check_int7_packed(const at::Tensor& packed) {
-  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kTileBlock,
-              errors::message("packed int7 weights must be contiguous int8 [tiles, blocks, ", kTileBlock, "] (from int7_pack)"));
-}
-
 }  // namespace
 
 // w int8 [N, Kp] in -63..63 (Kp = K rounded up to 32), ws float32 [N, Kp/32] -> int8's tiles (int8_pack), each
 // weight stored + Int7Format::kOffset, as an int8 tensor.
 at::Tensor int7_pack(const at::Tensor& w, const at::Tensor& ws) {
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
-  TORCH_CHECK(w.numel() == 0 || (w.max().item<int8_t>() <= kInt7Steps && w.min().item<int8_t>() >= -kInt7Steps),
+  TORCH_CHECK(w.scalar_type() != at::kChar || w.numel() == 0 ||
+                  (w.max().item<int8_t>() <= kInt7Steps && w.min().item<int8_t>() >= -kInt7Steps),
               "int7 weights must lie in -63..63 (quant.quantize_int7_blocks)");
-  const int64_t n = w.size(0), kp = w.size(1);
-  const int8_t* wp = w.data_ptr<int8_t>();
-  at::Tensor packed = packed_tiles<Int7Format>(n, kp / kBlock, ws, [&](uint8_t* tile, int64_t b, int64_t r, int64_t row) {
-    for (int64_t i = 0; i < kBlock; ++i) {
-      const int32_t weight = row < n ? wp[row * kp + b * kBlock + i] : 0;
-      tile[weight_offset(b, r, i)] = static_cast<uint8_t>(weight + Int7Format::kOffset);
-    }
-  });
-  return packed.view(at::kChar);
+  return pack_int8_weights<Int7Format>(w, ws).view(at::kChar);
 }
 
 void int7_linear_into(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
-  check_int7_packed(packed);
+  check_packed(packed, at::kChar, "int7");
   block_linear_into<Int7Format>(x, packed, bias, out);
 }
 
 at::Tensor int7_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
-  check_int7_packed(packed);
+  check_packed(packed, at::kChar, "int7");
   at::Tensor out = linear_output(x, packed.size(0) * kTileRows);
   int7_linear_into(x, packed, bias, out);
   return out;

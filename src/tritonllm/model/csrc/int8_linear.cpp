@@ -730,9 +730,26 @@ at::Tensor packed_tiles(int64_t n, int64_t nb, const at::Tensor& scales, Put put
   return packed;
 }
 
-void check_packed(const at::Tensor& packed) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kTileBlock,
-              errors::message("packed int8 weights must be contiguous uint8 [tiles, blocks, ", kTileBlock, "] (from int8_pack)"));
+// Tiles of int8's layout (int8_pack, or int7_pack: `format`), stored as `dtype` (uint8; int7's int8).
+void check_packed(const at::Tensor& packed, at::ScalarType dtype = at::kByte, const char* format = "int8") {
+  TORCH_CHECK(packed.scalar_type() == dtype && packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kTileBlock,
+              errors::message("packed ", format, " weights must be contiguous ", dtype == at::kByte ? "uint8" : "int8",
+                              " [tiles, blocks, ", kTileBlock, "] (from ", format, "_pack)"));
+}
+
+// int8 weights [N, Kp] in int8's tiles of `Format`, each stored + Format::kOffset (int8_pack, int7_pack).
+template <typename Format>
+at::Tensor pack_int8_weights(const at::Tensor& w, const at::Tensor& ws) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
+  const int64_t n = w.size(0), kp = w.size(1);
+  const int8_t* wp = w.data_ptr<int8_t>();
+  return packed_tiles<Format>(n, kp / kBlock, ws, [&](uint8_t* tile, int64_t b, int64_t r, int64_t row) {
+    for (int64_t i = 0; i < kBlock; ++i) {
+      const int32_t weight = row < n ? wp[row * kp + b * kBlock + i] : 0;
+      tile[weight_offset(b, r, i)] = static_cast<uint8_t>(weight + Format::kOffset);  // + 128: w ^ 0x80
+    }
+  });
 }
 
 }  // namespace
@@ -741,19 +758,7 @@ void check_packed(const at::Tensor& packed) {
 // uint8 [ceil(N/R), Kp/32, R * 34] for tiles of R rows (8, or 16 in the VNNI builds);
 // rows past N are zeros. Scales are rounded to fp16 (exact for those of quant.quantize_int8_blocks, which
 // picks fp16 values).
-at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) {
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) % kBlock == 0, "weight must be contiguous int8 [N, K padded to 32]");
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.size(0) == w.size(0) && ws.size(1) == w.size(1) / kBlock, "scales must be float32 [N, K/32]");
-  const int64_t n = w.size(0), kp = w.size(1);
-  const int8_t* wp = w.data_ptr<int8_t>();
-  at::Tensor packed = packed_tiles<Int8Format>(n, kp / kBlock, ws, [&](uint8_t* tile, int64_t b, int64_t r, int64_t row) {
-    for (int64_t i = 0; i < kBlock; ++i) {
-      const int8_t weight = row < n ? wp[row * kp + b * kBlock + i] : 0;
-      tile[weight_offset(b, r, i)] = static_cast<uint8_t>(weight) ^ kWeightOffset;
-    }
-  });
-  return packed;
-}
+at::Tensor int8_pack(const at::Tensor& w, const at::Tensor& ws) { return pack_int8_weights<Int8Format>(w, ws); }
 
 // x [..., K] float32/bfloat16; packed from int8_pack; bias (optional) padded like the rows, to ceil(N/R) * R for
 // tiles of R rows. out [..., ceil(N/R) * R] in x's dtype, written: callers drop the padded rows.
