@@ -17,9 +17,6 @@ struct Int7Format {
   static constexpr int64_t kBlockBytes = kTileBlock;
   static constexpr int32_t kOffset = 64;
   static constexpr int kChunksPerSum = 1;  // 127 x 127 x 2 a pair fills int16: each chunk widens alone
-  static int32_t weight(const uint8_t* tile, int64_t b, int64_t r, int64_t i) {
-    return tile[weight_offset(b, r, i)] - kOffset;
-  }
   static void chunk_products(const uint8_t* block, int c, __m256i xc, __m256i, __m256i& rows0123, __m256i& rows4567) {
     const __m256i* w = reinterpret_cast<const __m256i*>(block + kScaleBytes);
     rows0123 = _mm256_maddubs_epi16(_mm256_loadu_si256(w + 2 * c), xc);

@@ -76,7 +76,8 @@ constexpr int64_t kTileBlock = kTileRows * (kBlock + 2);  // a tile's bytes per 
 // The weight formats the kernels below run. Both keep per block of 32 inputs and tile of kTileRows rows the
 // rows' fp16 scales first (at 2 x slot(r)), then the weights as int8's chunks give them (Int4Format: a mask or a
 // shift away; int4_linear.cpp). A format gives its bytes a block, the offset its stored weights carry (taken back
-// off as offset x the activations' block sum), its weights as the kernels' chunks, and one weight (portable path).
+// off as offset x the activations' block sum), its weights as the kernels' chunks, how many chunks' int16 products
+// may add up (AVX2), and one weight (the portable path; Int7Format, only in AVX2 builds, never takes it).
 struct Int8Format {
   static constexpr int64_t kBlockBytes = kTileBlock;
   static constexpr int32_t kOffset = kWeightOffset;
@@ -272,7 +273,7 @@ void packed_tile(const uint8_t* tile, int64_t nb, const int8_t* xq, const int8_t
       // cannot overflow) before one madd widens them to int32 and adds each row's pairs.
       constexpr int kStep = Format::kChunksPerSum;
       for (int c = 0; c < 4; c += kStep) {
-        __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+        __m256i p0, p1;
         TRITONLLM_UNROLL for (int j = 0; j < kStep; ++j) {
           const __m256i xc = broadcast8(xq + at + 8 * (c + j));
           const __m256i abs_xc = Format::kOffset ? xc : broadcast8(abs_xq + at + 8 * (c + j));
