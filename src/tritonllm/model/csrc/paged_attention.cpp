@@ -152,7 +152,7 @@ void span_scores(const float* q, const T* keys, const T* values, const int64_t* 
     // 4 keys at a time, between its products: a block's 64 prefetches at once filled the miss buffers and held
     // the products behind them (32 x 200 keys from DRAM, Zen 3: 1.155x faster spread).
     const bool spread = even_odd && t != begin;
-    const T* keys_ahead = spread && block + kKeysAhead <= last ? keys + table[block + kKeysAhead] * block_elems : nullptr;
+    [[maybe_unused]] const T* keys_ahead = spread && block + kKeysAhead <= last ? keys + table[block + kKeysAhead] * block_elems : nullptr;
     if (!spread) {
       for (int64_t ahead = (t == begin ? 1 : kKeysAhead); ahead <= kKeysAhead; ++ahead)
         if (block + ahead <= last) prefetch_block(keys + table[block + ahead] * block_elems, block_elems);
