@@ -10,7 +10,7 @@ of the step, and the bandwidth of one long read with the engine's threads (a flo
 gap between those GB/s figures is what per-op costs (parallel regions, streams restarting at each weight)
 take from batch-1 decode. Not a timed test: medians over steps, on a machine that drifts.
 
-    .venv/bin/python benchmarks/bench_decode_anatomy.py [--batch 1] [--steps 200] [--quantization auto]
+    .venv/bin/python benchmarks/bench_decode_anatomy.py [--batch 1] [--steps 200] [--threads 2]
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_serving_paths import add_engine_arguments  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
@@ -169,8 +171,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", help="HF checkpoint or engine directory (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--quantization", default="auto")
-    parser.add_argument("--dtype", default="auto")
+    add_engine_arguments(parser)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed op by op")
@@ -178,8 +179,9 @@ def main() -> int:
         "--every", type=int, default=2, help="time every N-th step op by op, the others fused"
     )
     args = parser.parse_args()
+    model_path = model_path_or_default(args.model)
     config = EngineConfig(
-        model=model_path_or_default(args.model), dtype=args.dtype, quantization=args.quantization
+        model=model_path, num_threads=args.threads, dtype=args.dtype, quantization=args.quantization
     )
     engine = LLMEngine(config)
     kernels = load_kernels()
