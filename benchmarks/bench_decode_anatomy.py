@@ -32,31 +32,30 @@ from bench_serving_paths import add_engine_arguments  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from tritonllm.model import llama  # noqa: E402
+from tritonllm.model import llama, quant  # noqa: E402
 from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa  # noqa: E402
 
 OPS = ("norm", "qkv", "rope", "attention", "o", "gate_up", "silu", "down")
 LINEARS = ("qkv", "o", "gate_up", "down")
 
 
-def linear_call(kernels, weight: torch.Tensor):
-    """The binding decode_stack.cpp's run_linear picks for a packed weight (the same tests, in Python)."""
-    if weight.dtype == torch.int8:
-        return kernels.int7_linear
-    if weight.dtype == torch.uint8:
-        # A tile's block: R rows of 34 bytes (int8: 32 weights, an fp16 scale) or of 18 (int4), R 8 or 16.
-        return kernels.int8_linear if weight.size(2) % 34 == 0 else kernels.int4_linear
-    return kernels.bf16_packed_linear if weight.dim() == 3 else kernels.bf16_linear
+def kernel_linear(module: torch.nn.Module):
+    """The binding a linear module runs on the CPU kernels, as decode_stack.cpp's run_linear calls it: without
+    the module's Python around it (~5 us a call, which would be counted as the op's)."""
+    if isinstance(module, quant.BlockLinear):
+        return module.kernel_linear
+    return module.kernels.bf16_packed_linear if module.packed else module.kernels.bf16_linear
 
 
 class Anatomy:
     """Stands in for the kernels module inside the model: every call goes to the real module, except that
     `decode_layers` runs op by op (timed) on the steps `timing` marks, and is timed whole on the others.
     The first op-by-op step also runs the fused call on copies and records whether the two agree to the
-    bit."""
+    bit. The linears run the bindings their modules hold (`kernel_linear`)."""
 
-    def __init__(self, kernels):
+    def __init__(self, kernels, linears: list[tuple[torch.nn.Module, ...]]):
         self.kernels = kernels
+        self.linears = linears  # per layer: qkv, o, gate_up, down
         self.timing = False
         self.ops: dict[str, list[float]] = defaultdict(list)
         self.fused_us: list[float] = []
@@ -90,24 +89,25 @@ class Anatomy:
             spent[op] += time.perf_counter() - started
             return result
 
-        def linear(op: str, x, weight, bias):
-            return timed(op, linear_call(k, weight), x, weight, bias if bias.numel() else None)
+        def linear(op: str, module, x):
+            return timed(op, kernel_linear(module), x, module.weight, module.bias)
 
         delta = None
         for i, layer in enumerate(layers):
-            norm1, norm2, qkv_w, qkv_b, o_w, o_b, gate_up_w, gate_up_b, down_w, down_b = layer
+            norm1, norm2 = layer[:2]
+            qkv_proj, o_proj, gate_up_proj, down_proj = self.linears[i]
             normed = timed("norm", k.add_rms_norm, x, delta, norm1, eps)
-            qkv = linear("qkv", normed, qkv_w, qkv_b)
+            qkv = linear("qkv", qkv_proj, normed)
             qk = timed("rope", k.rope_and_cache, qkv, cos, sin, slots, k_caches[i], v_caches[i], heads)
             q = qk[:, :heads].contiguous()
             attended = timed(
                 "attention", k.paged_decode_attention, q, k_caches[i], v_caches[i], tables, lens, scale
             )
-            projected = linear("o", attended.view(x.size(0), -1), o_w, o_b)
+            projected = linear("o", o_proj, attended.view(x.size(0), -1))
             normed = timed("norm", k.add_rms_norm, x, projected, norm2, eps)
-            gate_up = linear("gate_up", normed, gate_up_w, gate_up_b)
+            gate_up = linear("gate_up", gate_up_proj, normed)
             activated = timed("silu", k.silu_and_mul, gate_up)
-            delta = linear("down", activated, down_w, down_b)
+            delta = linear("down", down_proj, activated)
         for op, seconds in spent.items():
             self.ops[op].append(seconds * 1e6)
         return delta
@@ -188,9 +188,9 @@ def main() -> int:
     if kernels is None:
         print("no CPU kernels on this machine: nothing to take apart")
         return 1
-    anatomy = Anatomy(kernels)
-    llama.load_kernels = lambda *_: anatomy
     model = engine.runner.model
+    anatomy = Anatomy(kernels, [layer.linears for layer in model.layers])
+    llama.load_kernels = lambda *_: anatomy
     if not model.packed_layers:
         print("this model's linears do not all run on the kernels: steps take the Python layer loop")
         return 1

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tritonllm.model.cpu_kernels import load_kernels, selected_isa
+from tritonllm.model.cpu_kernels import load_kernels
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -306,13 +306,11 @@ class BlockInt8Linear(BlockLinear):
     expand = staticmethod(expand_int8_blocks)
 
 
-INT7_FAST_ISAS = ("avx2", "avx512")  # the kernel builds without VNNI: the only ones int7 is faster on
-
-
 def int7_runs_as_int8(device: torch.device) -> bool:
-    """Whether int7 weights on `device` gain nothing over int8: the VNNI and AMX builds run them as int8, and
-    without the CPU kernels (other devices, no compiler) they are expanded like any other."""
-    return cpu_kernels(device) is None or selected_isa() not in INT7_FAST_ISAS
+    """Whether int7 weights on `device` gain nothing over int8: the VNNI and AMX builds run them as int8 (the
+    build says so), and without the CPU kernels (another device, no compiler) they are expanded as others."""
+    kernels = cpu_kernels(device)
+    return kernels is None or kernels.int7_runs_as_int8()
 
 
 class BlockInt7Linear(BlockLinear):

@@ -33,6 +33,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("weight"), pybind11::arg("scales"), release());
   m.def("int7_linear", &int7_linear, "x @ W^T for packed int7 weights (activations quantized per block of 32)",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias") = pybind11::none(), release());
+  m.def("int7_runs_as_int8", &int7_runs_as_int8, "whether this build packs and runs int7 weights as int8 (VNNI, AMX)");
   m.def("int4_pack", &int4_pack, "4-bit weights in blocks of 32 (q4_0's nibbles) + their scales, in the kernels' tiles",
         pybind11::arg("weight"), pybind11::arg("scales"), release());
   m.def("int4_linear", &int4_linear, "x @ W^T for packed int4 weights (activations quantized per block of 32)",

@@ -13,6 +13,7 @@
 namespace {
 
 #if defined(TRITONLLM_AVX2) && !defined(TRITONLLM_AVX512_VNNI)
+constexpr bool kInt7OwnFormat = true;
 struct Int7Format {
   static constexpr int64_t kBlockBytes = kTileBlock;
   static constexpr int32_t kOffset = 64;
@@ -24,6 +25,7 @@ struct Int7Format {
   }
 };
 #else
+constexpr bool kInt7OwnFormat = false;
 using Int7Format = Int8Format;
 #endif
 
@@ -51,3 +53,5 @@ at::Tensor int7_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
   int7_linear_into(x, packed, bias, out);
   return out;
 }
+
+bool int7_runs_as_int8() { return !kInt7OwnFormat; }
