@@ -9,6 +9,8 @@ workloads, then stops (always, also on error or Ctrl-C), then the next starts:
   mixed    64 requests at once, prompts 32-512, outputs 16-256
   poisson  open-loop Poisson arrivals (0.5 req/s, prompts 16-1024, outputs 8-384, at most 60 requests
            or 120 s of arrivals)
+  long     1 request at a time, 1,792-token prompt, 256 tokens out, 3 repetitions: prefill (TTFT p50) and
+           decode rate at a long context (2,048 tokens: the context every peer is started with)
   b1x      (with --interleave-b1 N) batch 1 again, 128/128, but with every server up at once and one
            request to each in turn, N rounds: this machine's speed drifts over minutes, which the
            one-server-after-another runs above fold into their ratios; here it hits every server alike
@@ -73,7 +75,7 @@ from tritonllm.default_model import model_path_or_default
 from tritonllm.engine.config import auto_quantization
 
 SERVERS = ("tritonllm", "llama-bf16", "llama-q8_0", "llama-q4_0", "vllm")
-WORKLOADS = ("b1", "c8", "c32", "mixed", "poisson")
+WORKLOADS = ("b1", "c8", "c32", "mixed", "poisson", "long")
 
 
 def log(message: str) -> None:

@@ -44,6 +44,9 @@ def test_workloads_are_deterministic_within_vocab_and_bounded() -> None:
     assert times == sorted(times) and times[0] == 0.0 and times[-1] <= Scale().poisson_max_duration_s
     assert 1 < len(poisson) <= Scale().poisson_max_requests
     assert all(16 <= len(r.prompt_ids) <= 1024 and 8 <= r.max_tokens <= 384 for r in poisson)
+    long = first["long"]
+    assert long.sequential and len(long.requests) == 3
+    assert all(len(r.prompt_ids) + r.max_tokens == 2048 and r.max_tokens == 256 for r in long.requests)
 
 
 def test_summarise_ttft_gaps_and_rates() -> None:
@@ -60,17 +63,25 @@ def test_summarise_ttft_gaps_and_rates() -> None:
     assert sequential["exact_lengths"] and sequential["out_tok_s"] == pytest.approx(3 / 1.0)
 
 
-def _summary(tok_s: float, ttft_p95: float = 100.0) -> dict:
-    return {"requests": 1, "errors": 0, "exact_lengths": True, "out_tok_s": tok_s, "ttft_p50_ms": 50.0,
+def _summary(tok_s: float, ttft_p95: float = 100.0, ttft_p50: float = 50.0) -> dict:
+    return {"requests": 1, "errors": 0, "exact_lengths": True, "out_tok_s": tok_s, "ttft_p50_ms": ttft_p50,
             "ttft_p95_ms": ttft_p95, "itl_p50_ms": 10.0, "itl_p95_ms": 20.0, "itl_p99_ms": 30.0,
             "itl_max_ms": 40.0}  # fmt: skip
 
 
 def test_ratios_pair_same_weight_bits_and_vllm() -> None:
     summaries = {
-        "tritonllm": {"b1": _summary(30.0), "poisson": _summary(10.0, ttft_p95=500.0)},
+        "tritonllm": {
+            "b1": _summary(30.0),
+            "poisson": _summary(10.0, ttft_p95=500.0),
+            "long": _summary(20.0, ttft_p50=300.0),
+        },
         "tritonllm --quantization int8": {"b1": _summary(90.0)},
-        "llama-bf16": {"b1": _summary(60.0), "poisson": _summary(12.0, ttft_p95=1000.0)},
+        "llama-bf16": {
+            "b1": _summary(60.0),
+            "poisson": _summary(12.0, ttft_p95=1000.0),
+            "long": _summary(25.0, ttft_p50=1200.0),
+        },
         "llama-q8_0": {"b1": _summary(120.0)},
         "vllm-bf16": {"b1": _summary(40.0)},
     }
@@ -83,6 +94,8 @@ def test_ratios_pair_same_weight_bits_and_vllm() -> None:
     assert table["tritonllm"]["b1/vllm-bf16"] == pytest.approx(0.75)
     assert table["tritonllm"]["poisson_ttft_p95/llama-bf16"] == pytest.approx(0.5)
     assert table["tritonllm"]["poisson/vllm-bf16"] is None  # vLLM did not run that workload
+    assert table["tritonllm"]["long/llama-bf16"] == pytest.approx(0.8)
+    assert table["tritonllm"]["long_ttft_p50/llama-bf16"] == pytest.approx(0.25)  # the prefill, < 1 faster
     assert table["tritonllm --quantization int8"]["b1/llama-q8_0"] == pytest.approx(0.75)
     meta = {
         "cpu_model": "cpu",
@@ -91,8 +104,11 @@ def test_ratios_pair_same_weight_bits_and_vllm() -> None:
         "load_before": (1, 1, 1),
         "load_after": (2, 2, 2),
     }
-    text = markdown(summaries, weights, ours, {"b1": "1 request", "poisson": "Poisson"}, meta)
-    assert "| tritonllm --quantization int8 | llama-q8_0 | 0.75 | - | - |" in text
+    titles = {"b1": "1 request", "poisson": "Poisson", "long": "long prompt"}
+    text = markdown(summaries, weights, ours, titles, meta)
+    assert "| tritonllm --quantization int8 | llama-q8_0 | 0.75 | - | - | - | - |" in text
+    assert "| ours | peer | b1 | poisson | long | Poisson TTFT p95 | long TTFT p50 |" in text
+    assert "| tritonllm | llama-bf16 | 0.50 | 0.83 | 0.80 | 0.50 | 0.25 |" in text
     assert "flags: avx2" in text
 
 

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `peers` importable
 from peers.report import Summaries  # noqa: E402
-from peers.workloads import RequestResult, summarise, summarise_rounds  # noqa: E402
+from peers.workloads import SEQUENTIAL, RequestResult, summarise, summarise_rounds  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,14 @@ PANELS = (
         "Throughput (batch 1: decode rate)",
         "output tokens/s (higher is better)",
         {"b1": "1 request", "b1x": "1 request, interleaved", "c8": "8 at once", "c32": "32 at once",
-         "c32x": "32 at once, interleaved", "mixed": "64 mixed", "poisson": "Poisson"},
+         "c32x": "32 at once, interleaved", "mixed": "64 mixed", "poisson": "Poisson",
+         "long": "1 request, long prompt"},
         (("out_tok_s", ""),),
     ),
     Panel(
         "Time to first token",
         "seconds, log scale (lower is better)",
-        {"mixed": "64 mixed", "poisson": "Poisson"},
+        {"mixed": "64 mixed", "poisson": "Poisson", "long": "1 request, long prompt"},
         (("ttft_p50_ms", "p50"), ("ttft_p95_ms", "p95")),
         fmt="{:.1f}",
         scale=1e-3,
@@ -155,7 +156,7 @@ def resummarise(result: dict[str, Any], raw: dict[str, dict[str, list[dict]]]) -
         server: {
             name: summarise_rounds([RequestResult(**r) for r in rs])
             if name == "c32x"
-            else summarise([RequestResult(**r) for r in rs], sequential=name in ("b1", "b1x"))
+            else summarise([RequestResult(**r) for r in rs], sequential=name in SEQUENTIAL)
             for name, rs in per_workload.items()
         }
         for server, per_workload in raw.items()

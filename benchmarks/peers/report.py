@@ -2,7 +2,7 @@
 
 `summaries[label][workload]` is what `workloads.summarise` returns. Throughput ratios are
 this project / peer (> 1: this project is faster); the Poisson TTFT p95 ratio is this project / peer
-too, where < 1 is better.
+too, where < 1 is better, and so is the long prompt's TTFT p50 ratio (its prefill).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 Summaries = dict[str, dict[str, dict[str, Any]]]
+# Latency ratios (this project / peer, < 1 is better): workload -> (summary field, column title).
+TTFT_RATIOS = {"poisson": ("ttft_p95_ms", "Poisson TTFT p95"), "long": ("ttft_p50_ms", "long TTFT p50")}
 
 
 def llama_counterpart(weights: str) -> str:
@@ -33,7 +35,8 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
 
 def ratios(summaries: Summaries, ours: list[str], weights: dict[str, str]) -> dict[str, dict[str, Any]]:
     """For each of our servers: per-workload throughput ratios vs llama.cpp (same bits) and vs vLLM,
-    and the Poisson TTFT p95 ratios. A peer that did not run gives None."""
+    and the TTFT ratios of TTFT_RATIOS (e.g. `poisson_ttft_p95/<peer>`). A peer that did not run gives
+    None."""
     table = {}
     for label in ours:
         row: dict[str, Any] = {}
@@ -42,9 +45,10 @@ def ratios(summaries: Summaries, ours: list[str], weights: dict[str, str]) -> di
             for workload, summary in summaries[label].items():
                 other = theirs.get(workload, {})
                 row[f"{workload}/{peer}"] = _ratio(summary.get("out_tok_s"), other.get("out_tok_s"))
-                if workload == "poisson":
-                    ttft = _ratio(summary.get("ttft_p95_ms"), other.get("ttft_p95_ms"))
-                    row[f"poisson_ttft_p95/{peer}"] = ttft
+                if workload in TTFT_RATIOS:
+                    field = TTFT_RATIOS[workload][0]
+                    key = f"{workload}_{field.removesuffix('_ms')}/{peer}"
+                    row[key] = _ratio(summary.get(field), other.get(field))
         table[label] = row
     return table
 
@@ -91,15 +95,19 @@ def markdown(
         load_cell = "-" if load is None else f"{load[0]:.1f}"
         lines.append(f"| {label} | {weights[label]} | {load_cell} | " + " | ".join(cells) + " |")
     table = ratios(summaries, ours, weights)
-    lines += ["", "Ratios, this project / peer (throughput: > 1 is faster; Poisson TTFT p95: < 1 is better):"]
+    latencies = [w for w in TTFT_RATIOS if w in workloads]
+    lines += ["", "Ratios, this project / peer (throughput: > 1 is faster; TTFT: < 1 is better):"]
     lines += [""]
-    lines += ["| ours | peer | " + " | ".join(workloads) + " | Poisson TTFT p95 |"]
-    lines += ["| --- | --- | " + " | ".join("---" for _ in workloads) + " | --- |"]
+    titles_row = [*workloads, *(TTFT_RATIOS[w][1] for w in latencies)]
+    lines += ["| ours | peer | " + " | ".join(titles_row) + " |"]
+    lines += ["| --- | --- | " + " | ".join("---" for _ in titles_row) + " |"]
     for label in ours:
         for peer in (llama_counterpart(weights[label]), vllm_label(summaries)):
             cells = [_fmt(table[label].get(f"{w}/{peer}"), 2) for w in workloads]
-            ttft = _fmt(table[label].get(f"poisson_ttft_p95/{peer}"), 2)
-            lines.append(f"| {label} | {peer} | " + " | ".join(cells) + f" | {ttft} |")
+            for w in latencies:
+                key = f"{w}_{TTFT_RATIOS[w][0].removesuffix('_ms')}/{peer}"
+                cells.append(_fmt(table[label].get(key), 2))
+            lines.append(f"| {label} | {peer} | " + " | ".join(cells) + " |")
     columns = (
         "server",
         "workload",

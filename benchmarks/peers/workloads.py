@@ -77,6 +77,9 @@ class Scale:
     poisson_rate: float = 0.5
     poisson_max_requests: int = 60
     poisson_max_duration_s: float = 120.0
+    long_repeats: int = 3
+    long_prompt: int = 1792  # + long_output = 2048, the context every peer is started with
+    long_output: int = 256
 
     @classmethod
     def quick(cls) -> Scale:
@@ -86,6 +89,7 @@ class Scale:
             mixed_requests=32,
             poisson_max_requests=24,
             poisson_max_duration_s=50.0,
+            long_repeats=2,
         )
 
 
@@ -125,6 +129,12 @@ def make_workloads(vocab_size: int, seed: int, scale: Scale) -> dict[str, Worklo
             f"Poisson {scale.poisson_rate} req/s, {len(poisson)} requests (prompts 16-1024, outputs 8-384)",
             poisson,
         ),
+        Workload(
+            "long",
+            f"1 request {scale.long_prompt}/{scale.long_output}",
+            _burst(rng(8), vocab_size, scale.long_repeats, scale.long_prompt, scale.long_output),
+            True,
+        ),
     ]
     return {w.name: w for w in workloads}
 
@@ -145,6 +155,9 @@ def interleaved_c32(vocab_size: int, seed: int, scale: Scale, rounds: int) -> Wo
     title = f"32 at once {n}/{n}, servers interleaved"
     return Workload("c32x", title, _burst(rng, vocab_size, 32 * rounds, n, n))
 
+
+# The workloads sent one request at a time: summarised by their median decode rate.
+SEQUENTIAL = ("b1", "b1x", "long")
 
 # Requests a round of each interleaved workload sends to one server before the next server's turn.
 INTERLEAVED_ROUND_SIZE = {"b1x": 1, "c32x": 32}
