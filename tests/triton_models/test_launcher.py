@@ -81,6 +81,18 @@ def test_launch_renders_the_step_token_budget(tmp_path: Path) -> None:
     assert 'key: "max_num_batched_tokens" value: { string_value: "128" }' in engine
 
 
+def test_launch_renders_the_kv_block_size(tmp_path: Path) -> None:
+    """`--tokens-per-block` reaches the engine model's config; left out, it is left to the engine."""
+    args = argparse.ArgumentParser()
+    add_arguments(args)
+    for argv, rendered in (([], ""), (["--tokens-per-block", "64"], "64")):
+        options = options_from_args(args.parse_args(["--model", str(tmp_path), *argv]))
+        engine = (
+            render_repository(tmp_path / f"tpb{rendered}", options) / "tensorrt_llm" / "config.pbtxt"
+        ).read_text()
+        assert f'key: "tokens_per_block" value: {{ string_value: "{rendered}" }}' in engine
+
+
 def test_launch_renders_the_send_stall_timeout_and_rejects_a_non_positive_one(tmp_path: Path) -> None:
     """`--send-stall-timeout` reaches the engine model's config (default 60); 0 is refused up front."""
     args = argparse.ArgumentParser()

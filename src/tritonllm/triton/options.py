@@ -115,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "streams steadier inter-token times under bursts of prompts, at some time to first token",
     )
     parser.add_argument("--num-kv-blocks", type=int)
+    parser.add_argument(
+        "--tokens-per-block",
+        type=int,
+        help="engine: tokens a KV cache block holds, the prefix cache's granularity (default: an engine "
+        "directory's own, else the engine's)",
+    )
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--threads", type=int, help="engine CPU threads (default: the cores available)")
     parser.add_argument(
@@ -202,6 +208,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         max_waiting=args.max_waiting,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_kv_blocks=args.num_kv_blocks,
+        tokens_per_block=args.tokens_per_block,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
         quantization=args.quantization,
