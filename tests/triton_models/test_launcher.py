@@ -72,55 +72,52 @@ def test_render_non_decoupled_for_unary_clients(tmp_path: Path) -> None:
         LaunchOptions(model=str(tmp_path), stream_interval=0)
 
 
+def launch_options(tmp_path: Path, *argv: str) -> LaunchOptions:
+    """What `tritonllm launch --model <tmp_path> <argv>` would serve with."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return options_from_args(parser.parse_args(["--model", str(tmp_path), *argv]))
+
+
+def engine_config(tmp_path: Path, *argv: str) -> str:
+    """The engine model's config.pbtxt that `tritonllm launch <argv>` renders (as a launch does, over the
+    last one)."""
+    repository = render_repository(tmp_path / "repository", launch_options(tmp_path, *argv))
+    return (repository / "tensorrt_llm" / "config.pbtxt").read_text()
+
+
 def test_launch_renders_the_step_token_budget(tmp_path: Path) -> None:
     """`--max-num-batched-tokens` reaches the engine model's config."""
-    args = argparse.ArgumentParser()
-    add_arguments(args)
-    budget = options_from_args(args.parse_args(["--model", str(tmp_path), "--max-num-batched-tokens", "128"]))
-    engine = (render_repository(tmp_path / "budget", budget) / "tensorrt_llm" / "config.pbtxt").read_text()
+    engine = engine_config(tmp_path, "--max-num-batched-tokens", "128")
     assert 'key: "max_num_batched_tokens" value: { string_value: "128" }' in engine
 
 
 def test_launch_renders_the_kv_block_size(tmp_path: Path) -> None:
     """`--tokens-per-block` reaches the engine model's config; left out, it is left to the engine."""
-    args = argparse.ArgumentParser()
-    add_arguments(args)
     for argv, rendered in (([], ""), (["--tokens-per-block", "64"], "64")):
-        options = options_from_args(args.parse_args(["--model", str(tmp_path), *argv]))
-        engine = (
-            render_repository(tmp_path / f"tpb{rendered}", options) / "tensorrt_llm" / "config.pbtxt"
-        ).read_text()
+        engine = engine_config(tmp_path, *argv)
         assert f'key: "tokens_per_block" value: {{ string_value: "{rendered}" }}' in engine
 
 
 def test_launch_renders_the_send_stall_timeout_and_rejects_a_non_positive_one(tmp_path: Path) -> None:
     """`--send-stall-timeout` reaches the engine model's config (default 60); 0 is refused up front."""
-    args = argparse.ArgumentParser()
-    add_arguments(args)
     for argv, rendered in (([], "60.0"), (["--send-stall-timeout", "7.5"], "7.5")):
-        options = options_from_args(args.parse_args(["--model", str(tmp_path), *argv]))
-        config = (
-            render_repository(tmp_path / rendered, options) / "tensorrt_llm" / "config.pbtxt"
-        ).read_text()
-        assert f'key: "send_stall_timeout_s" value: {{ string_value: "{rendered}" }}' in config
+        engine = engine_config(tmp_path, *argv)
+        assert f'key: "send_stall_timeout_s" value: {{ string_value: "{rendered}" }}' in engine
     with pytest.raises(ValueError, match="send_stall_timeout_s must be positive"):
-        options_from_args(args.parse_args(["--model", str(tmp_path), "--send-stall-timeout", "0"]))
+        launch_options(tmp_path, "--send-stall-timeout", "0")
 
 
 def test_launch_serves_auto_quantization_and_dtype_by_default(tmp_path: Path) -> None:
     """`tritonllm launch` asks the engine for auto (int8 on the CPU kernels, else as built or none), an auto
     dtype and an auto KV cache; an explicit choice renders as given."""
-    args = argparse.ArgumentParser()
-    add_arguments(args)
     for argv, quantization, kv in (
         ([], "auto", "auto"),
         (["--quantization", "none", "--kv-cache-dtype", "int8"], "none", "int8"),
     ):
-        options = options_from_args(args.parse_args(["--model", str(tmp_path), *argv]))
+        options = launch_options(tmp_path, *argv)
         assert (options.quantization, options.dtype, options.kv_cache_dtype) == (quantization, "auto", kv)
-        engine = (
-            render_repository(tmp_path / quantization, options) / "tensorrt_llm" / "config.pbtxt"
-        ).read_text()
+        engine = engine_config(tmp_path, *argv)
         assert f'key: "quantization" value: {{ string_value: "{quantization}" }}' in engine
         assert f'key: "kv_cache_dtype" value: {{ string_value: "{kv}" }}' in engine
 
