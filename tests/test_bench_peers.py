@@ -17,8 +17,10 @@ from peers.report import llama_counterpart, markdown, ratios  # noqa: E402
 from peers.workloads import (  # noqa: E402
     FIRST_ORDINARY_ID,
     INTERLEAVED_ROUND_SIZE,
+    SEQUENTIAL,
     RequestResult,
     Scale,
+    interleaved_b1,
     interleaved_c32,
     make_workloads,
     summarise,
@@ -46,6 +48,9 @@ def test_workloads_are_deterministic_within_vocab_and_bounded() -> None:
     assert all(16 <= len(r.prompt_ids) <= 1024 and 8 <= r.max_tokens <= 384 for r in poisson)
     long = first["long"]
     assert long.sequential and len(long.requests) == 3
+    # The plot re-summarises raw requests by name: SEQUENTIAL must name the workloads sent one at a time.
+    interleaved = [interleaved_b1(VOCAB, 0, Scale(), 2), interleaved_c32(VOCAB, 0, Scale(), 1)]
+    assert {w.name for w in [*first.values(), *interleaved] if w.sequential} == set(SEQUENTIAL)
     assert all(len(r.prompt_ids) + r.max_tokens == 2048 and r.max_tokens == 256 for r in long.requests)
 
 

@@ -29,14 +29,18 @@ def vllm_label(summaries: Summaries) -> str:
     return next((label for label in summaries if label.startswith("vllm")), "vllm")
 
 
+def ttft_key(workload: str, peer: str) -> str:
+    """The ratio table's key of a TTFT_RATIOS workload against a peer, e.g. `poisson_ttft_p95/vllm-bf16`."""
+    return f"{workload}_{TTFT_RATIOS[workload][0].removesuffix('_ms')}/{peer}"
+
+
 def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return ours / theirs if ours is not None and theirs else None
 
 
 def ratios(summaries: Summaries, ours: list[str], weights: dict[str, str]) -> dict[str, dict[str, Any]]:
     """For each of our servers: per-workload throughput ratios vs llama.cpp (same bits) and vs vLLM,
-    and the TTFT ratios of TTFT_RATIOS (e.g. `poisson_ttft_p95/<peer>`). A peer that did not run gives
-    None."""
+    and the TTFT ratios of TTFT_RATIOS (keys from `ttft_key`). A peer that did not run gives None."""
     table = {}
     for label in ours:
         row: dict[str, Any] = {}
@@ -47,8 +51,7 @@ def ratios(summaries: Summaries, ours: list[str], weights: dict[str, str]) -> di
                 row[f"{workload}/{peer}"] = _ratio(summary.get("out_tok_s"), other.get("out_tok_s"))
                 if workload in TTFT_RATIOS:
                     field = TTFT_RATIOS[workload][0]
-                    key = f"{workload}_{field.removesuffix('_ms')}/{peer}"
-                    row[key] = _ratio(summary.get(field), other.get(field))
+                    row[ttft_key(workload, peer)] = _ratio(summary.get(field), other.get(field))
         table[label] = row
     return table
 
@@ -104,9 +107,7 @@ def markdown(
     for label in ours:
         for peer in (llama_counterpart(weights[label]), vllm_label(summaries)):
             cells = [_fmt(table[label].get(f"{w}/{peer}"), 2) for w in workloads]
-            for w in latencies:
-                key = f"{w}_{TTFT_RATIOS[w][0].removesuffix('_ms')}/{peer}"
-                cells.append(_fmt(table[label].get(key), 2))
+            cells += [_fmt(table[label].get(ttft_key(w, peer)), 2) for w in latencies]
             lines.append(f"| {label} | {peer} | " + " | ".join(cells) + " |")
     columns = (
         "server",
