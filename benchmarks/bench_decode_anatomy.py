@@ -32,19 +32,11 @@ from bench_serving_paths import add_engine_arguments  # noqa: E402
 
 from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from tritonllm.model import llama, quant  # noqa: E402
+from tritonllm.model import llama  # noqa: E402
 from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa  # noqa: E402
 
 OPS = ("norm", "qkv", "rope", "attention", "o", "gate_up", "silu", "down")
 LINEARS = ("qkv", "o", "gate_up", "down")
-
-
-def kernel_linear(module: torch.nn.Module):
-    """The binding a linear module runs on the CPU kernels, as decode_stack.cpp's run_linear calls it: without
-    the module's Python around it (~5 us a call, which would be counted as the op's)."""
-    if isinstance(module, quant.BlockLinear):
-        return module.kernel_linear
-    return module.kernels.bf16_packed_linear if module.packed else module.kernels.bf16_linear
 
 
 class Anatomy:
@@ -90,7 +82,9 @@ class Anatomy:
             return result
 
         def linear(op: str, module, x):
-            return timed(op, kernel_linear(module), x, module.weight, module.bias)
+            # The binding itself, as decode_stack.cpp's run_linear calls it: the module's Python around it
+            # (~5 us a call) would be counted as the op's.
+            return timed(op, module.kernel_linear, x, module.weight, module.bias)
 
         delta = None
         for i, layer in enumerate(layers):

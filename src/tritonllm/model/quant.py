@@ -84,6 +84,8 @@ class Bf16Linear(nn.Module):
         self.kernels = cpu_kernels(weight.device)
         self.out_features = weight.shape[0]
         self.packed = self.kernels is not None and self.kernels.packs_bf16() and weight.shape[1] % 2 == 0
+        if self.kernels is not None:  # the binding this weight runs on, as BlockLinear's kernel_linear
+            self.kernel_linear = self.kernels.bf16_packed_linear if self.packed else self.kernels.bf16_linear
         weight = weight.to(torch.bfloat16).contiguous()
         if self.packed:
             weight = self.kernels.bf16_pack(weight)
@@ -94,12 +96,12 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            y = self.kernels.bf16_packed_linear(x.to(torch.bfloat16).contiguous(), self.weight, self.bias)
+            y = self.kernel_linear(x.to(torch.bfloat16).contiguous(), self.weight, self.bias)
             return y[..., : self.out_features].to(x.dtype)
         if self.kernels is not None and blas_sized(x) and not self.onednn_bf16(x):
             return F.linear(x.float(), self.weight.float(), self.bias).to(x.dtype)
         if self.kernels is not None:
-            return kernel_dtypes(self.kernels.bf16_linear, x, self.weight, self.bias)
+            return kernel_dtypes(self.kernel_linear, x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
         return F.linear(x.to(torch.bfloat16), self.weight, bias).to(x.dtype)
 
