@@ -13,6 +13,7 @@ chunk is computed; allocating and computing are separate steps, so other request
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -56,11 +57,71 @@ def test_pool_exhaustion_raises_and_lru_order():
     with pytest.raises(RuntimeError, match="exhausted"):
         pool.allocate()
     pool.register(b, "kb")
+    pool.register(a, "ka")
     pool.release(b)
     pool.release(a)
     assert pool.lookup("kb") == b  # a freed block keeps its content findable
     assert pool.allocate() == b  # least recently freed goes first, and loses its cached content
     assert pool.lookup("kb") is None and not pool.is_cached(b)
+    assert pool.lookup("ka") == a
+    pool.check_invariants()
+
+
+def test_an_empty_free_block_goes_before_a_cached_one():
+    """Out of order, but nothing is lost: the uncached block holds nothing a prefix could hit."""
+    pool = BlockPool(2)
+    a, b = pool.allocate(), pool.allocate()
+    pool.register(b, "kb")
+    pool.release(b)
+    pool.release(a)
+    assert pool.allocate() == a and pool.lookup("kb") == b
+
+
+def test_a_freed_request_s_blocks_come_back_in_address_order():
+    """Freed tail first, the older half of the free queue is handed out from the start of its run, so
+    a new request's table lies end to end (strict LRU order would give it 7, 6, ..., 0)."""
+    kv = KVCacheManager(num_blocks=16, tokens_per_block=2)
+    for tokens in (range(16), range(100, 116)):  # two requests, [0, 8) then [8, 16), freed in that order
+        seq = make_seq(list(tokens))
+        kv.allocate(seq, 16, kv.find_prefix_hit(seq))
+        seq.num_computed_tokens = 16
+        kv.cache_full_blocks(seq, 16)
+        kv.free(seq.request_id)
+    new = make_seq([0] * 16)
+    kv.allocate(new, 10, kv.find_prefix_hit(new))
+    new.num_computed_tokens = 10
+    kv.allocate(new, 6)  # the rest later: each new block after the table's last
+    assert kv.block_table(new.request_id) == list(range(8))
+    kv.pool.check_invariants()
+
+
+def test_cached_blocks_in_the_younger_half_of_the_free_queue_are_evicted_in_order():
+    """Under random allocations, growth and frees, an allocation takes a cached block only from the
+    older half of the free queue: a recently freed prefix waits its turn."""
+    rng = random.Random(0)
+    pool = BlockPool(48)
+    tables: list[list[int]] = []
+    keys = itertools.count()
+    out_of_order = 0
+    for _ in range(3000):
+        if tables and (pool.num_free == 0 or rng.random() < 0.3):
+            for block in reversed(tables.pop(rng.randrange(len(tables)))):
+                pool.release(block)
+            continue
+        grow = tables and rng.random() < 0.6
+        table = tables[rng.randrange(len(tables))] if grow else []
+        queue = list(pool._free)  # least recently freed first
+        cached = [pool.is_cached(b) for b in queue]
+        block = pool.allocate(after=table[-1] if table else None)
+        place = queue.index(block)
+        if cached[place]:
+            assert 2 * place < len(queue), f"cached block {place}th of {len(queue)} free taken"
+            out_of_order += place > 0
+        pool.register(block, next(keys))
+        table.append(block)
+        if not grow:
+            tables.append(table)
+    assert out_of_order > 100  # the rule was exercised, not only the head taken
     pool.check_invariants()
 
 

@@ -2,12 +2,22 @@
 
 A block whose reference count falls to 0 goes to the free queue but keeps its content and hash, so a
 later request with the same prefix can take it back; the free queue evicts least recently freed first.
+
+A request's blocks are laid end to end where that bends the eviction order only a little: on a CPU,
+decode attention over blocks scattered across the pool takes ~1.4x the time of neighbouring ones (the
+prefetchers lose their stream at every block), and a pool that has cycled hands its least recently
+freed blocks out scattered. So an allocation takes the block after the request's last one, or starts
+where the run of free blocks holding the least recently freed one starts, when that block holds no
+cached content or is in the older half of the free queue; the younger half, where a recent
+conversation's prefix waits for its next turn, is evicted in strict order.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+
+_MAX_WALK_BACK = 64  # blocks an allocation looks back for the start of a free run (bounds its cost)
 
 
 class BlockPool:
@@ -19,6 +29,10 @@ class BlockPool:
         self._hash_of: list[Hashable | None] = [None] * num_blocks
         self._cached: dict[Hashable, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # When each block last joined the free queue: a free block is at most its stamp minus the
+        # head's stamp places behind the head.
+        self._freed_at = list(range(num_blocks))
+        self._clock = num_blocks
 
     @property
     def num_free(self) -> int:
@@ -30,14 +44,33 @@ class BlockPool:
     def is_cached(self, block_id: int) -> bool:
         return self._hash_of[block_id] is not None
 
-    def allocate(self) -> int:
-        """Take the least recently freed block, evicting its cached content."""
+    def allocate(self, after: int | None = None) -> int:
+        """Take a free block, evicting its cached content: block `after + 1` (`after`: the requester's
+        last block) or the start of the least recently freed block's free run, where either may go out
+        of order (see the module's docstring), else the least recently freed block itself."""
         if not self._free:
             raise RuntimeError("KV block pool exhausted")
-        block_id, _ = self._free.popitem(last=False)
+        if after is not None and self._may_take_out_of_order(after + 1):
+            block_id = after + 1
+        else:
+            block_id = next(iter(self._free))
+            for _ in range(_MAX_WALK_BACK):
+                if not self._may_take_out_of_order(block_id - 1):
+                    break
+                block_id -= 1
+        del self._free[block_id]
         self.uncache(block_id)
         self._ref_counts[block_id] = 1
         return block_id
+
+    def _may_take_out_of_order(self, block_id: int) -> bool:
+        """Free, and holding no cached content or in the older half of the free queue."""
+        if not (0 <= block_id < self.num_blocks and block_id in self._free):
+            return False
+        if self._hash_of[block_id] is None:
+            return True
+        head = next(iter(self._free))
+        return 2 * (self._freed_at[block_id] - self._freed_at[head]) < len(self._free)
 
     def touch(self, block_id: int) -> None:
         """Add a reference to a cached block (a prefix hit), reviving it if it was free."""
@@ -52,6 +85,8 @@ class BlockPool:
         self._ref_counts[block_id] = count - 1
         if count == 1:
             self._free[block_id] = None
+            self._freed_at[block_id] = self._clock
+            self._clock += 1
 
     def lookup(self, key: Hashable) -> int | None:
         return self._cached.get(key)

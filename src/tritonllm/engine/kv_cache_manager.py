@@ -97,12 +97,13 @@ class KVCacheManager:
             self.pool.uncache(table[i])
         copies = []
         for i in shared:
-            new_block = self.pool.allocate()
+            new_block = self.pool.allocate(after=table[i - 1] if i else None)
             copies.append((table[i], new_block))
             self.num_copied_blocks += 1
             self.pool.release(table[i])
             table[i] = new_block
-        table.extend(self.pool.allocate() for _ in range(num_new_blocks))
+        for _ in range(num_new_blocks):
+            table.append(self.pool.allocate(after=table[-1] if table else None))
         self._tables[rid] = table
         return copies
 
