@@ -17,11 +17,13 @@ conversations of 6 turns, 16 at once, a pool that cannot hold them all).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -63,19 +65,26 @@ def fresh_manager(engine: LLMEngine, module: ModuleType):
     return kv
 
 
-def run_faked(engine: LLMEngine, requests: list[tuple[list[int], int]], tag: str) -> None:
-    """Run `requests` (prompt, output length) to the end, the model faked: the pool and scheduler only."""
+@contextlib.contextmanager
+def model_faked(engine: LLMEngine) -> Iterator[None]:
+    """Steps that sample FAKE_TOKEN without a forward pass: the scheduler and pool run alone, in seconds."""
     real = engine.runner.execute
     engine.runner.execute = lambda step, tables: [(c, FAKE_TOKEN, 0.0) for c in step.chunks if c.samples]
     try:
+        yield
+    finally:
+        engine.runner.execute = real
+
+
+def run_faked(engine: LLMEngine, requests: list[tuple[list[int], int]], tag: str) -> None:
+    """Run `requests` (prompt, output length) to the end, the model faked."""
+    with model_faked(engine):
         for i, (prompt, out) in enumerate(requests):
             engine.add_request(
                 f"{tag}-{i}", prompt, SamplingParams(max_tokens=out, ignore_eos=True, temperature=0)
             )
         while engine.has_unfinished():
             engine.step()
-    finally:
-        engine.runner.execute = real
 
 
 def long_decode(engine: LLMEngine, prompt: list[int], out: int, tag: str) -> tuple[float, float]:
@@ -98,8 +107,6 @@ def chat_hit_rate(engine: LLMEngine, seed: int) -> float:
     history = [list(system) for _ in range(48)]
     turns = [0] * 48
     active: dict[str, int] = {}
-    real = engine.runner.execute
-    engine.runner.execute = lambda step, tables: [(c, FAKE_TOKEN, 0.0) for c in step.chunks if c.samples]
 
     def start_turn(n: int) -> None:
         idle = [c for c in range(48) if c not in active.values() and turns[c] < 6]
@@ -114,7 +121,7 @@ def chat_hit_rate(engine: LLMEngine, seed: int) -> float:
             history[c] += [FAKE_TOKEN] * out
             turns[c] += 1
 
-    try:
+    with model_faked(engine):
         sent = 0
         for _ in range(16):
             start_turn(sent)
@@ -125,8 +132,6 @@ def chat_hit_rate(engine: LLMEngine, seed: int) -> float:
                     del active[output.request_id]
                     start_turn(sent)
                     sent += 1
-    finally:
-        engine.runner.execute = real
     return engine.kv.prefix_hit_tokens / engine.kv.prefix_queried_tokens
 
 
