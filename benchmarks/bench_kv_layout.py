@@ -55,14 +55,12 @@ def other_kv_module(tree: Path) -> ModuleType:
         sys.modules.update(saved)
 
 
-def fresh_manager(engine: LLMEngine, module: ModuleType):
+def fresh_manager(engine: LLMEngine, module: ModuleType) -> None:
     """A new, empty KV manager of `module`'s class, swapped into the engine and its scheduler."""
     config = engine.config
-    kv = module.KVCacheManager(
+    engine.kv = engine.scheduler.kv = module.KVCacheManager(
         engine.runner.num_blocks, config.tokens_per_block, config.enable_prefix_caching
     )
-    engine.kv = engine.scheduler.kv = kv
-    return kv
 
 
 @contextlib.contextmanager

@@ -50,12 +50,15 @@ class BlockPool:
         of order (see the module's docstring), else the least recently freed block itself."""
         if not self._free:
             raise RuntimeError("KV block pool exhausted")
-        if after is not None and self._may_take_out_of_order(after + 1):
+        head = next(iter(self._free))
+        # Free blocks stamped below this are in the older half of the free queue.
+        older_than = self._freed_at[head] + len(self._free) / 2
+        if after is not None and self._may_take_out_of_order(after + 1, older_than):
             block_id = after + 1
         else:
-            block_id = next(iter(self._free))
+            block_id = head
             for _ in range(_MAX_WALK_BACK):
-                if not self._may_take_out_of_order(block_id - 1):
+                if not self._may_take_out_of_order(block_id - 1, older_than):
                     break
                 block_id -= 1
         del self._free[block_id]
@@ -63,14 +66,11 @@ class BlockPool:
         self._ref_counts[block_id] = 1
         return block_id
 
-    def _may_take_out_of_order(self, block_id: int) -> bool:
-        """Free, and holding no cached content or in the older half of the free queue."""
+    def _may_take_out_of_order(self, block_id: int, older_than: float) -> bool:
+        """Free, and holding no cached content or stamped below `older_than`."""
         if not (0 <= block_id < self.num_blocks and block_id in self._free):
             return False
-        if self._hash_of[block_id] is None:
-            return True
-        head = next(iter(self._free))
-        return 2 * (self._freed_at[block_id] - self._freed_at[head]) < len(self._free)
+        return self._hash_of[block_id] is None or self._freed_at[block_id] < older_than
 
     def touch(self, block_id: int) -> None:
         """Add a reference to a cached block (a prefix hit), reviving it if it was free."""
