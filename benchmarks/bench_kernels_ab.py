@@ -48,9 +48,12 @@ def build_other(tree: Path):
     )
 
 
-def use(kernels) -> None:
+def use(kernels, engine: LLMEngine) -> None:
     for module in USERS:
         module.load_kernels = lambda *_, k=kernels: k
+    # Each build threads its own loops: its own pool (csrc/thread_pool.h), or OpenMP in trees before it.
+    if engine.runner.use_thread_pool is not None:
+        engine.runner.use_thread_pool = getattr(kernels, "use_thread_pool", None)
 
 
 def round_ms(engine: LLMEngine, tag: str, batch: int, prompt: int, tokens: int, prefill: bool) -> float:
@@ -112,7 +115,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"A": [], "B": []}
     for r in range(args.rounds):
         for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
-            use(builds[name])
+            use(builds[name], engines[name])
             step_ms = round_ms(
                 engines[name], f"{name}{r}", args.batch, args.prompt_tokens, args.max_tokens, args.prefill
             )

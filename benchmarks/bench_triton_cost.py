@@ -53,7 +53,7 @@ from tritonllm.default_model import model_path_or_default  # noqa: E402
 from tritonllm.engine import EngineConfig, SamplingParams  # noqa: E402
 from tritonllm.engine.serving import ServingEngine  # noqa: E402
 from tritonllm.model.cpu_kernels import cpu_flags  # noqa: E402
-from tritonllm.os_threads import OS_NAME_BYTES  # noqa: E402
+from tritonllm.os_threads import KERNEL_WORKER_NAME, OS_NAME_BYTES  # noqa: E402
 from tritonllm.triton.launcher import TritonServer  # noqa: E402
 
 TIMEOUT_S = 600.0
@@ -74,9 +74,13 @@ def process_cpu_s(pid: int) -> float:
     return read_stat(f"/proc/{pid}/stat")[1]
 
 
-# OS thread names (`tritonllm.os_threads`, cut to the kernel's length): the engine loop and the OpenMP
-# workers it started, and the bridge's response sender; a stub's other threads (IPC) are the rest of its CPU.
-THREAD_GROUPS = {"engine": "tritonllm-engine"[:OS_NAME_BYTES], "sender": "tritonllm-send"[:OS_NAME_BYTES]}
+# OS thread names (`tritonllm.os_threads`, cut to the kernel's length): the engine loop with the OpenMP
+# workers it started and the CPU kernels' workers, and the bridge's response sender; a stub's other threads
+# (IPC) are the rest of its CPU.
+THREAD_GROUPS = {
+    "engine": ("tritonllm-engine"[:OS_NAME_BYTES], KERNEL_WORKER_NAME),
+    "sender": ("tritonllm-send"[:OS_NAME_BYTES],),
+}
 
 
 def thread_group_sched_s(pid: int) -> dict[str, float]:
@@ -91,8 +95,8 @@ def thread_group_sched_s(pid: int) -> dict[str, float]:
                 run_ns, wait_ns, _ = (int(v) for v in f.read().split())
         except (OSError, ValueError):  # the thread ended
             continue
-        for group, os_name in THREAD_GROUPS.items():
-            if name == os_name:
+        for group, os_names in THREAD_GROUPS.items():
+            if name in os_names:
                 spent[group] += run_ns / 1e9
                 spent[f"{group}_wait"] += wait_ns / 1e9
     return spent

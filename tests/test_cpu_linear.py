@@ -230,9 +230,10 @@ def test_other_builds_keep_bf16_weights_row_major(isa: str) -> None:
 @pytest.mark.parametrize("tokens", [1, 9])
 def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) -> None:
     """csrc/work_split.h: each thread takes its own range of row tiles from the front, and a thread that is
-    done takes the rest of the others' from the back. Three threads on this machine's fewer cores lose their
-    core now and then, so ranges get finished by other threads: every row must still come out exactly as one
-    thread computes it (an untouched or half-written row would not)."""
+    done takes the rest of the others' from the back, on OpenMP's threads or on the kernels' own pool. Three
+    threads on this machine's fewer cores lose their core now and then, so ranges get finished by other
+    threads: every row must still come out exactly as one thread computes it (an untouched or half-written
+    row would not)."""
     kernels = load_kernels(isa)
     gen = torch.Generator().manual_seed(tokens)
     x, w = torch.randn(tokens, 96, generator=gen), torch.randn(4000, 96, generator=gen)
@@ -244,8 +245,9 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
     previous = torch.get_num_threads()
     results = []
     try:
-        for threads in (1, 2, 3):
+        for threads, pool in ((1, 0), (2, 0), (3, 0), (1, 2), (1, 3)):
             torch.set_num_threads(threads)
+            kernels.use_thread_pool(pool)  # 2 and 3 threads of csrc/thread_pool.h
             results.append(
                 [kernels.int8_linear(x, packed) for _ in range(20)]
                 + [kernels.int4_linear(x, packed4) for _ in range(20)]
@@ -254,6 +256,7 @@ def test_threads_share_the_rows_so_each_is_computed_once(isa: str, tokens: int) 
                 + [kernels.bf16_packed_linear(x.bfloat16(), packed_bf16) for _ in range(20 * bool(packs))]
             )
     finally:
+        kernels.use_thread_pool(0)
         torch.set_num_threads(previous)
     for got in results[1:]:
         for a, b in zip(results[0], got, strict=True):

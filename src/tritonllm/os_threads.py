@@ -14,6 +14,7 @@ import sys
 import threading
 
 _PR_SET_NAME = 15  # linux/prctl.h
+KERNEL_WORKER_NAME = "tritonllm-kern"  # the CPU kernels' worker threads (csrc/thread_pool.h names them)
 OS_NAME_BYTES = 15  # the kernel keeps 16 bytes with the terminating NUL
 
 

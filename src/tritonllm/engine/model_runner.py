@@ -15,6 +15,7 @@ from tritonllm.model.huge_pages import huge_page_share, huge_page_zeros
 from tritonllm.model.kv_rows import row_width
 from tritonllm.model.loader import TORCH_DTYPES, load_model
 from tritonllm.model.quant import int7_runs_as_int8, runs_on_kernels
+from tritonllm.precision import BLOCK_QUANTIZATIONS
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,22 @@ class ModelRunner:
         )
         self.model = load_model(config.model, config.dtype, config.device, config.quantization)
         self.kernels = describe_kernels(self.device)
+        # Where the kernels do all of a step's heavy work (block-quantized linears; the fp32 and bf16 models
+        # also run PyTorch's GEMMs), its loops run on their own pool of threads (csrc/thread_pool.h): a loop
+        # ends when its items are done, not when a thread that lost its core to the response sender, the
+        # server or the client gets it back.
+        kernels = load_kernels() if self.device.type == "cpu" else None
+        pooled = kernels is not None and config.quantization in BLOCK_QUANTIZATIONS
+        self.pool_threads = config.num_threads if pooled else 0
+        self.use_thread_pool = kernels.use_thread_pool if pooled else None
         log.info(
-            "engine: dtype=%s quantization=%s kv cache=%s kernels=%s threads=%d%s",
+            "engine: dtype=%s quantization=%s kv cache=%s kernels=%s threads=%d (%s)%s",
             config.dtype,
             config.quantization,
             config.kv_cache_dtype,
             self.kernels,
             config.num_threads,
+            "the kernels' pool" if pooled else "OpenMP",
             streamed_weight_pages(self.model),
         )
         if config.quantization == "int7" and int7_runs_as_int8(self.device):
@@ -101,6 +111,15 @@ class ModelRunner:
 
     def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
         """Run one step; returns (chunk, token, logprob) for each chunk that completes its sequence."""
+        if self.use_thread_pool is None:
+            return self._execute(step, block_tables)
+        self.use_thread_pool(self.pool_threads)  # for this step, on the thread that runs it
+        try:
+            return self._execute(step, block_tables)
+        finally:
+            self.use_thread_pool(0)
+
+    def _execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
         if step.block_copies:
             src, dst = (torch.tensor(x, device=self.device) for x in zip(*step.block_copies, strict=False))
             self.kv_cache[:, :, :, dst] = self.kv_cache[:, :, :, src]

@@ -125,7 +125,7 @@ at::Tensor bf16_pack(const at::Tensor& w) {
   // side); element by element, row by row, a 1B model took ~2 s more to load than row-major weights.
   const uint32_t* src = reinterpret_cast<const uint32_t*>(w.data_ptr<at::BFloat16>());
   uint32_t* dst = reinterpret_cast<uint32_t*>(packed.data_ptr<at::BFloat16>());
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  work_split::for_each(tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t rows = std::min(kPairRows, n - t * kPairRows);
       const uint32_t* tile_rows = src + t * kPairRows * pairs;

@@ -20,6 +20,9 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("use_thread_pool", &thread_pool::use,
+        "the calling thread's kernels on n threads of the kernels' own pool and its PyTorch ops on itself (0: OpenMP)",
+        pybind11::arg("n"));
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged KV cache", release());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "causal attention of a step's prefill chunks (variable lengths) over a paged KV cache", release());

@@ -209,7 +209,7 @@ template <typename T>
 void quantize_rows(const T* x, int64_t m, int64_t k, int64_t kp, int8_t* xq, int8_t* abs_xq, float* xs,
                    int32_t* corrections, int32_t offset) {
   const int64_t nb = kp / kBlock;
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+  work_split::for_each(m, 16, [&](int64_t begin, int64_t end) {
     // A row's pointers in locals: int8 stores may alias anything, so pointers reached through the captures
     // were re-read after every block.
     const int32_t minus_offset = -offset;
@@ -517,7 +517,7 @@ inline void widen_block(const uint8_t* block, uint16_t* pairs) {
 // m rows of k activations as bf16, zero-padded to kp inputs (the bf16 tiles' rows).
 template <typename T>
 void bf16_rows(const T* x, int64_t m, int64_t k, int64_t kp, uint16_t* out) {
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+  work_split::for_each(m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const T* in = x + i * k;
       uint16_t* row = out + i * kp;
@@ -715,7 +715,7 @@ at::Tensor packed_tiles(int64_t n, int64_t nb, const at::Tensor& scales, Put put
   at::Tensor packed = at::zeros({tiles, nb, Format::kBlockBytes}, scales.options().dtype(at::kByte));
   const float* sp = scales.data_ptr<float>();
   uint8_t* pp = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+  work_split::for_each(tiles, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* tile = pp + t * nb * Format::kBlockBytes;
       for (int64_t r = 0; r < kTileRows; ++r) {

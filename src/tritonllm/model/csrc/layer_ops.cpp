@@ -13,12 +13,13 @@
 #include <vector>
 
 #include "kv_rows.h"
+#include "work_split.h"
 
 namespace {
 
 template <typename T>
 void add_rms_norm_kernel(T* x, const T* delta, const T* weight, float eps, int64_t rows, int64_t hidden, T* out) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  work_split::for_each(rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       T* row = x + r * hidden;
       if (delta != nullptr)
@@ -40,7 +41,7 @@ void rope_cache_kernel(const T* qkv, const T* cos, const T* sin, const int64_t* 
                        int64_t heads, int64_t kv_heads, int64_t head_dim, T* qk, C* k_cache, C* v_cache,
                        int64_t slots_per_head) {
   const int64_t half = head_dim / 2, row = (heads + 2 * kv_heads) * head_dim, cached = kv_rows::width<C>(head_dim);
-  at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+  work_split::for_each(tokens, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> key(head_dim), value(head_dim);
     for (int64_t t = begin; t < end; ++t) {
       const T* c = cos + t * head_dim;
@@ -71,7 +72,7 @@ void rope_cache_kernel(const T* qkv, const T* cos, const T* sin, const int64_t* 
 
 template <typename T>
 void silu_mul_kernel(const T* gate_up, int64_t rows, int64_t width, T* out) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  work_split::for_each(rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = gate_up + r * 2 * width;
       const T* up = gate + width;

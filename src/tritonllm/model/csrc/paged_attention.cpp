@@ -354,7 +354,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   const C* vp = v_cache.data_ptr<C>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
-  const std::vector<Task> tasks = plan_tasks(lens, seqs, geo, at::get_num_threads());
+  const std::vector<Task> tasks = plan_tasks(lens, seqs, geo, work_split::num_threads());
   const int64_t n = static_cast<int64_t>(tasks.size());
   // Per task: the unnormalized output of its span and, per query head, the span's max and sum.
   std::vector<float> partial(n * gd), maxima(n * geo.group), sums(n * geo.group);
@@ -385,7 +385,7 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   std::vector<int64_t> first(seqs * geo.kv_heads + 1, n);
   for (int64_t i = n - 1; i >= 0; --i) first[tasks[i].seq * geo.kv_heads + tasks[i].head] = i;
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, seqs * geo.kv_heads, kMergeGrain, [&](int64_t begin, int64_t end) {
+  work_split::for_each(seqs * geo.kv_heads, kMergeGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(d);
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t lo = first[pair], hi = first[pair + 1];

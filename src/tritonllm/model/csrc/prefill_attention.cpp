@@ -29,6 +29,7 @@
 #include "errors.h"
 #include "kv_rows.h"
 #include "simd.h"
+#include "work_split.h"
 
 namespace {
 
@@ -554,7 +555,7 @@ void prefill_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
 
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(tasks.size());
-  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+  work_split::for_each(std::min<int64_t>(n, work_split::num_threads()), 1, [&](int64_t, int64_t) {
     const int64_t rows_max = kQueryTile * group;
     Tiles tiles_of_task(rows_max, d);
     constexpr int64_t kKeys = Tiles::kKeys;

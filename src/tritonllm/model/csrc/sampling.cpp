@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "simd.h"
+#include "work_split.h"
 
 namespace {
 
@@ -95,7 +96,7 @@ at::Tensor greedy_tokens(const at::Tensor& logits) {
   at::Tensor out = at::empty({n}, rows.options().dtype(at::kLong));
   const float* p = rows.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
-  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+  work_split::for_each(n, 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) o[r] = row_argmax(p + r * vocab, vocab);
   });
   return out;

@@ -7,6 +7,10 @@
 // thread's core to another thread for a while (the response sender, the server, the client: on a machine the
 // engine fills, every token's response does), the other engine thread does the waiting range's items instead of
 // spinning at the region's end.
+//
+// A thread that called `use_thread_pool(n)` (the engine's, for the models whose heavy work is all in these
+// kernels) runs the loops on thread_pool.h's workers instead of OpenMP's: a loop there ends when its items are
+// done, not when a descheduled thread gets its core back.
 #pragma once
 #include <ATen/Parallel.h>
 
@@ -16,7 +20,12 @@
 #include <utility>
 #include <vector>
 
+#include "thread_pool.h"
+
 namespace work_split {
+
+// The threads a loop of the calling thread runs on: its pool's, or PyTorch's (OpenMP's).
+inline int64_t num_threads() { return thread_pool::threads > 0 ? thread_pool::threads : at::get_num_threads(); }
 
 // Items [front, back) of one thread's range not yet taken, in one word so that front and back move atomically.
 struct alignas(64) Range {
@@ -45,11 +54,12 @@ inline std::pair<int64_t, int64_t> take(Range& range, int64_t grain, bool from_b
 // are independent). The grain keeps the bookkeeping (an atomic compare-and-swap a piece) small against the work.
 template <typename F>
 void for_each(int64_t n, int64_t grain, const F& fn) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / grain);
-  if (threads <= 1 || at::in_parallel_region()) {
+  const int64_t threads = std::min<int64_t>(num_threads(), (n + grain - 1) / grain);
+  if (threads <= 1 || at::in_parallel_region() || thread_pool::in_loop) {
     if (n > 0) fn(0, n);
     return;
   }
+  if (thread_pool::threads > 0 && thread_pool::try_run(n, grain, static_cast<int>(threads), fn)) return;
   std::vector<Range> ranges(threads);
   for (int64_t t = 0; t < threads; ++t) ranges[t].bounds.store(pack(t * n / threads, (t + 1) * n / threads));
   at::parallel_for(0, threads, 1, [&](int64_t own, int64_t) {
