@@ -77,11 +77,6 @@ class Pool {
   Pool() = default;
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
-  ~Pool() {
-    stop_.store(true);
-    wake_all();
-    for (std::thread& t : workers_) t.join();
-  }
 
   // body(fn, begin, end) over [0, n) in pieces of at most `grain`, on `threads` threads (this one and
   // threads - 1 workers); each item once. Returns when every item is done; rethrows a body's exception.
@@ -139,7 +134,7 @@ class Pool {
     in_loop = true;
     uint64_t seen = generation_.load(std::memory_order_acquire);
     auto idle_since = std::chrono::steady_clock::now();
-    for (int spins = 0; !stop_.load(std::memory_order_relaxed);) {
+    for (int spins = 0;;) {
       const uint64_t now = generation_.load(std::memory_order_acquire);
       if (now != seen) {
         seen = now;
@@ -154,7 +149,7 @@ class Pool {
       if (std::chrono::steady_clock::now() - idle_since < kIdleBeforeSleep) continue;
       std::unique_lock<std::mutex> lock(sleep_mutex_);
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
-      wake_.wait(lock, [&] { return stop_.load() || generation_.load(std::memory_order_seq_cst) != seen; });
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
       sleepers_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
@@ -179,12 +174,11 @@ class Pool {
   std::atomic<const void*> fn_{nullptr};
   std::atomic<int64_t> grain_{1};
   std::atomic<int> threads_{1};
-  std::atomic<bool> stop_{false};
   uint64_t tag_ = 0;  // the last loop's number (the calling thread's)
   std::exception_ptr error_;
   std::mutex busy_, error_mutex_, sleep_mutex_;
   std::condition_variable wake_;
-  std::vector<std::thread> workers_;
+  std::vector<std::thread> workers_;  // never joined: the pool lives as long as the process
 };
 
 // The process's pool, made on first use; a forked child (whose copy has no threads) makes its own.
