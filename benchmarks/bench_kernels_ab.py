@@ -52,7 +52,7 @@ def use(kernels, engine: LLMEngine) -> None:
     for module in USERS:
         module.load_kernels = lambda *_, k=kernels: k
     # Each build threads its own loops: its own pool (csrc/thread_pool.h), or OpenMP in trees before it.
-    if engine.runner.use_thread_pool is not None:
+    if engine.runner.pool_threads:
         engine.runner.use_thread_pool = getattr(kernels, "use_thread_pool", None)
 
 
