@@ -210,7 +210,7 @@ bool try_run(int64_t n, int64_t grain, int threads, const F& fn) {
 // workers they would take the cores from them. 0: back to OpenMP's threads, as PyTorch's setting says.
 inline void use(int64_t n) {
   TORCH_CHECK(n >= 0 && n <= kMaxThreads, "use_thread_pool takes 0 to ", kMaxThreads, " threads, got ", n);
-  at::get_num_threads();  // PyTorch sets a thread's OpenMP threads on its first parallel op: before this one's
+  at::get_num_threads();  // PyTorch sets a thread's OpenMP threads lazily, once: now, so that it cannot undo ours
   threads = static_cast<int>(n);
   if (n > 0) {
     omp_set_num_threads(1);
