@@ -70,7 +70,7 @@ inline std::pair<int64_t, int64_t> take(Range& range, uint64_t tag, int64_t grai
 using Body = void (*)(const void* fn, int64_t begin, int64_t end);
 
 inline thread_local bool in_loop = false;  // a worker, or the calling thread inside a loop: nested loops run serially
-inline thread_local int threads = 0;        // the calling thread's loops run on this many threads of the pool (0: OpenMP)
+inline thread_local int pooled_threads = 0; // the calling thread's loops run on this many threads of the pool (0: OpenMP)
 
 class Pool {
  public:
@@ -211,7 +211,7 @@ bool try_run(int64_t n, int64_t grain, int threads, const F& fn) {
 inline void use(int64_t n) {
   TORCH_CHECK(n >= 0 && n <= kMaxThreads, "use_thread_pool takes 0 to ", kMaxThreads, " threads, got ", n);
   at::get_num_threads();  // PyTorch sets a thread's OpenMP threads lazily, once: now, so that it cannot undo ours
-  threads = static_cast<int>(n);
+  pooled_threads = static_cast<int>(n);
   if (n > 0) {
     omp_set_num_threads(1);
   } else {

@@ -25,7 +25,7 @@
 namespace work_split {
 
 // The threads a loop of the calling thread runs on: its pool's, or PyTorch's (OpenMP's).
-inline int64_t num_threads() { return thread_pool::threads > 0 ? thread_pool::threads : at::get_num_threads(); }
+inline int64_t num_threads() { return thread_pool::pooled_threads > 0 ? thread_pool::pooled_threads : at::get_num_threads(); }
 
 // Items [front, back) of one thread's range not yet taken, in one word so that front and back move atomically.
 struct alignas(64) Range {
@@ -59,7 +59,7 @@ void for_each(int64_t n, int64_t grain, const F& fn) {
     if (n > 0) fn(0, n);
     return;
   }
-  if (thread_pool::threads > 0 && thread_pool::try_run(n, grain, static_cast<int>(threads), fn)) return;
+  if (thread_pool::pooled_threads > 0 && thread_pool::try_run(n, grain, static_cast<int>(threads), fn)) return;
   std::vector<Range> ranges(threads);
   for (int64_t t = 0; t < threads; ++t) ranges[t].bounds.store(pack(t * n / threads, (t + 1) * n / threads));
   at::parallel_for(0, threads, 1, [&](int64_t own, int64_t) {
