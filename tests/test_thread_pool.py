@@ -127,3 +127,29 @@ def test_a_pooled_thread_runs_pytorch_ops_alone_until_it_leaves_the_pool() -> No
     assert torch.get_num_threads() == before
     with pytest.raises(RuntimeError, match="0 to 64 threads"):
         load_kernels().use_thread_pool(65)
+
+
+@pytest.mark.parametrize("blas_rows", [3, 4])
+def test_an_lm_head_on_pytorchs_gemm_keeps_pytorchs_threads(
+    tiny_llama_dir, monkeypatch: pytest.MonkeyPatch, blas_rows: int
+) -> None:
+    """An int8 step runs on the pool, where PyTorch's ops get one thread; a step sampling as many rows as send
+    the lm_head to PyTorch's GEMM (BLAS_MIN_TOKENS, lowered here to 3 rows) runs on OpenMP instead, so that
+    GEMM gets every thread."""
+    from tritonllm.engine import model_runner
+    from tritonllm.engine.config import EngineConfig
+    from tritonllm.engine.llm_engine import LLMEngine
+    from tritonllm.engine.sampling_params import SamplingParams
+
+    monkeypatch.setattr(model_runner, "BLAS_MIN_TOKENS", blas_rows)
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), quantization="int8", num_threads=2))
+    threads_in_lm_head: list[int] = []
+    engine.runner.model.lm_head.register_forward_hook(
+        lambda *_: threads_in_lm_head.append(torch.get_num_threads())
+    )
+    for i in range(3):
+        engine.add_request(f"r{i}", [5, 6, 7, 8 + i], SamplingParams(max_tokens=2, temperature=0))
+    while engine.has_unfinished():
+        engine.step()
+    # One prefill step of the 3 prompts, then one decode step of the 3 requests: 3 sampled rows each.
+    assert threads_in_lm_head == ([1, 1] if blas_rows > 3 else [2, 2])

@@ -14,7 +14,7 @@ from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
 from tritonllm.model.huge_pages import huge_page_share, huge_page_zeros
 from tritonllm.model.kv_rows import row_width
 from tritonllm.model.loader import TORCH_DTYPES, load_model
-from tritonllm.model.quant import int7_runs_as_int8, runs_on_kernels
+from tritonllm.model.quant import BLAS_MIN_TOKENS, int7_runs_as_int8, runs_on_kernels
 from tritonllm.precision import BLOCK_QUANTIZATIONS
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,9 @@ class ModelRunner:
 
     def execute(self, step: SchedulerOutput, block_tables: dict[str, list[int]]):
         """Run one step; returns (chunk, token, logprob) for each chunk that completes its sequence."""
-        if self.use_thread_pool is None:
+        # From BLAS_MIN_TOKENS sampled rows the lm_head runs PyTorch's GEMM, which a pooled step would leave
+        # on one thread; a step that large loses nothing to OpenMP's barriers.
+        if self.use_thread_pool is None or sum(c.samples for c in step.chunks) >= BLAS_MIN_TOKENS:
             return self._execute(step, block_tables)
         self.use_thread_pool(self.pool_threads)  # for this step, on the thread that runs it
         try:
