@@ -14,6 +14,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tritonllm.engine import model_runner
+from tritonllm.engine.config import EngineConfig
+from tritonllm.engine.llm_engine import LLMEngine
+from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.model.cpu_kernels import load_kernels
 from tritonllm.model.quant import quantize_int8_blocks
 from tritonllm.os_threads import KERNEL_WORKER_NAME
@@ -134,13 +138,8 @@ def test_an_lm_head_on_pytorchs_gemm_keeps_pytorchs_threads(
     tiny_llama_dir, monkeypatch: pytest.MonkeyPatch, blas_rows: int
 ) -> None:
     """An int8 step runs on the pool, where PyTorch's ops get one thread; a step sampling as many rows as send
-    the lm_head to PyTorch's GEMM (BLAS_MIN_TOKENS, lowered here to 3 rows) runs on OpenMP instead, so that
-    GEMM gets every thread."""
-    from tritonllm.engine import model_runner
-    from tritonllm.engine.config import EngineConfig
-    from tritonllm.engine.llm_engine import LLMEngine
-    from tritonllm.engine.sampling_params import SamplingParams
-
+    the lm_head to PyTorch's GEMM (the runner's BLAS_MIN_TOKENS, lowered here to 3 rows, or to 4 so that the
+    same steps stay on the pool) runs on OpenMP instead, so that GEMM gets every thread."""
     monkeypatch.setattr(model_runner, "BLAS_MIN_TOKENS", blas_rows)
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), quantization="int8", num_threads=2))
     threads_in_lm_head: list[int] = []
