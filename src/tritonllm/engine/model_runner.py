@@ -14,7 +14,7 @@ from tritonllm.model.cpu_kernels import cpu_flags, load_kernels, selected_isa
 from tritonllm.model.huge_pages import huge_page_share, huge_page_zeros
 from tritonllm.model.kv_rows import row_width
 from tritonllm.model.loader import TORCH_DTYPES, load_model
-from tritonllm.model.quant import BLAS_MIN_TOKENS, int7_runs_as_int8, runs_on_kernels
+from tritonllm.model.quant import BLAS_MIN_TOKENS, cpu_kernels, int7_runs_as_int8, runs_on_kernels
 from tritonllm.precision import BLOCK_QUANTIZATIONS
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class ModelRunner:
         # also run PyTorch's GEMMs), its loops run on their own pool of threads (csrc/thread_pool.h): a loop
         # ends when its items are done, not when a thread that lost its core to the response sender, the
         # server or the client gets it back.
-        kernels = load_kernels() if self.device.type == "cpu" else None
+        kernels = cpu_kernels(self.device)
         pooled = kernels is not None and config.quantization in BLOCK_QUANTIZATIONS
         self.pool_threads = config.num_threads if pooled else 0
         self.use_thread_pool = kernels.use_thread_pool if pooled else None

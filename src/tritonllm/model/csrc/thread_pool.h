@@ -194,10 +194,11 @@ inline Pool& pool() {
 }
 
 // fn(begin, end) over [0, n) on `threads` threads, as above; false (nothing done) where the pool cannot take
-// the loop: too many items or threads, a loop inside a loop, or another thread's loop running.
+// the loop: too many items or threads, or another thread's loop running. A loop inside a loop never gets here
+// (work_split::for_each runs it serially on the thread that reached it).
 template <typename F>
 bool try_run(int64_t n, int64_t grain, int threads, const F& fn) {
-  if (in_loop || n > kMaxItems || threads > kMaxThreads) return false;
+  if (n > kMaxItems || threads > kMaxThreads) return false;
   struct Flag {
     Flag() { in_loop = true; }
     ~Flag() { in_loop = false; }
