@@ -277,7 +277,8 @@ def test_a_dead_bls_stub_mid_stream_frees_its_engine_request_and_is_found_dead(
             )
             assert freed, "the engine aborted the dead stub's request and freed its blocks"
         results = run_stream(server, "tensorrt_llm", engine_inputs([5, 6, 7], 8, False), ["output_ids"])
-        assert not [r for r in results if isinstance(r, InferenceServerException)], results
+        errors = [r for r in results if isinstance(r, InferenceServerException)]
+        assert not errors, [(e.status(), e.message()) for e in errors]  # the messages: a CI run saw one, once
         assert server.models_without_stub() == ["tensorrt_llm_bls"]
         monitor = StubMonitor(server, interval_s=0)
         assert monitor.dead_models() == [], "one look is not enough"
