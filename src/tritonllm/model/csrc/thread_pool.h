@@ -130,7 +130,6 @@ class Pool {
   }
 
   void worker_loop(int own) {
-    pthread_setname_np(pthread_self(), "tritonllm-kern");
     in_loop = true;
     uint64_t seen = generation_.load(std::memory_order_acquire);
     auto idle_since = std::chrono::steady_clock::now();
@@ -163,6 +162,8 @@ class Pool {
     while (static_cast<int>(workers_.size()) < count) {
       const int own = static_cast<int>(workers_.size()) + 1;
       workers_.emplace_back([this, own] { worker_loop(own); });
+      // Named here, not by the worker: a worker that has not run yet is already counted by its name.
+      pthread_setname_np(workers_.back().native_handle(), "tritonllm-kern");
     }
   }
 
