@@ -121,15 +121,32 @@ def as_fp32(cache: torch.Tensor) -> torch.Tensor:
     return from_rows(cache, torch.float32)
 
 
-def decode_tolerance(isa: str, dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> float:
-    """How far decode attention may be from the fp32 reference: fp32's rounding, except where it rounds to
-    bf16: bf16 queries and outputs, and the avx512_bf16 build's vdpbf16ps path over a bf16 cache at head sizes
-    64 and 128 (probabilities rounded to bf16: ~2e-4 from the reference over 1,000 keys)."""
-    if dtype == torch.bfloat16:
-        return 2e-2
-    if isa in NATIVE_BF16_ISAS and cache_dtype == torch.bfloat16 and head_dim in (64, 128):
-        return 2e-3
-    return 1e-5
+def assert_decode_matches_torch(
+    got: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    isa: str,
+) -> None:
+    """Decode attention against the fp32 reference, within fp32's rounding except where the kernel rounds to
+    bf16. bf16 queries and outputs: 2e-2. The avx512_bf16 and amx builds' vdpbf16ps path over a bf16 cache at
+    head sizes 64 and 128 rounds each unnormalised probability to bf16 (unit roundoff 2^-8), so an output may
+    be off by up to 2^-8 * sum_t p_t |v_t|: that bound, per element. Over 1,000 keys it averages out (~2e-4),
+    over 2 keys it does not (2.7e-3 seen at query groups of 8 on a Xeon)."""
+    keys, values = as_fp32(k_cache), as_fp32(v_cache)
+    expected = torch_decode_attention(q.float(), keys, values, tables, lengths, scale)
+    if q.dtype == torch.bfloat16:
+        torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+        return
+    allowed = 1e-5 * (1 + expected.abs())
+    if isa in NATIVE_BF16_ISAS and k_cache.dtype == torch.bfloat16 and q.shape[-1] in (64, 128):
+        allowed += 2**-8 * torch_decode_attention(q.float(), keys, values.abs(), tables, lengths, scale)
+    excess = (got.float() - expected).abs() / allowed
+    worst = torch.nonzero(excess == excess.max())[0].tolist()
+    assert excess.max() <= 1, f"{float(excess.max()):.2f}x the allowed error at (sequence, head, dim) {worst}"
 
 
 @pytest.mark.parametrize("isa", supported_isas())
@@ -146,9 +163,7 @@ def test_kernel_matches_torch(isa: str, dtypes: tuple[torch.dtype, torch.dtype])
     q = torch.randn(d, heads, head_dim, generator=gen).to(dtype)
     got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, 0.25)
     assert got.dtype == dtype
-    expected = torch_decode_attention(q.float(), as_fp32(k_cache), as_fp32(v_cache), tables, lengths, 0.25)
-    tolerance = decode_tolerance(isa, dtype, cache_dtype, head_dim)
-    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+    assert_decode_matches_torch(got, q, k_cache, v_cache, tables, lengths, 0.25, isa)
 
 
 @pytest.mark.parametrize(
@@ -209,11 +224,7 @@ def test_long_contexts_split_across_threads_match_torch(
     q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
     with torch_threads(threads):
         got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor(lengths), 0.125)
-    expected = torch_decode_attention(
-        q.float(), as_fp32(k_cache), as_fp32(v_cache), tables, torch.tensor(lengths), 0.125
-    )
-    tolerance = decode_tolerance(isa, dtype, cache_dtype, head_dim)
-    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+    assert_decode_matches_torch(got, q, k_cache, v_cache, tables, torch.tensor(lengths), 0.125, isa)
 
 
 @pytest.mark.parametrize("isa", supported_isas())
@@ -234,18 +245,15 @@ def test_bf16_cache_at_llama_head_sizes_matches_torch(isa: str, dtype: torch.dty
     k_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
     v_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
     scale = head_dim**-0.5 * 0.9
-    tolerance = decode_tolerance(isa, dtype, torch.bfloat16, head_dim)
-    keys, values = as_fp32(k_cache), as_fp32(v_cache)
     for lengths in (torch.tensor([707, 1, 15, 17, 250]), torch.tensor([707])):
         tables = torch.stack([torch.randperm(blocks, generator=gen)[:45] for _ in range(len(lengths))])
         q = torch.randn(len(lengths), heads, head_dim, generator=gen)
         q[..., :4] *= 12
         q = q.to(dtype)
-        expected = torch_decode_attention(q.float(), keys, values, tables, lengths, scale)
         for threads in (1, 2):
             with torch_threads(threads):
                 got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, scale)
-            torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+            assert_decode_matches_torch(got, q, k_cache, v_cache, tables, lengths, scale, isa)
 
 
 @pytest.mark.parametrize("isa", supported_isas())
@@ -261,15 +269,13 @@ def test_bf16_cache_with_other_query_groups_matches_torch(isa: str, group: int) 
     kv_heads, blocks, bs, head_dim = 2, 40, 16, 64
     k_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
     v_cache = random_cache((kv_heads, blocks, bs, head_dim), torch.bfloat16, gen)
-    tolerance = decode_tolerance(isa, torch.float32, torch.bfloat16, head_dim)
     for lengths in (torch.tensor([1, 2, 19, 35, 301]), torch.tensor([301])):
         tables = torch.stack([torch.randperm(blocks, generator=gen)[:20] for _ in range(len(lengths))])
         q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=gen)
-        expected = torch_decode_attention(q, as_fp32(k_cache), as_fp32(v_cache), tables, lengths, 0.125)
         for threads in (1, 2):
             with torch_threads(threads):
                 got = kernel.paged_decode_attention(q, k_cache, v_cache, tables, lengths, 0.125)
-            torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
+            assert_decode_matches_torch(got, q, k_cache, v_cache, tables, lengths, 0.125, isa)
 
 
 def test_pytorch_fallback_matches_hf(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
