@@ -35,9 +35,9 @@ def pooled(threads: int = 2) -> Iterator[None]:
         load_kernels().use_thread_pool(0)
 
 
-def int8_case(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def int8_case(seed: int, tokens: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    x, w = torch.randn(3, 96, generator=gen), torch.randn(4000, 96, generator=gen)
+    x, w = torch.randn(tokens, 96, generator=gen), torch.randn(4000, 96, generator=gen)
     return x, load_kernels().int8_pack(*quantize_int8_blocks(w))
 
 
@@ -58,11 +58,13 @@ def worker_cpu_s() -> tuple[int, float]:
     return count, ticks / os.sysconf("SC_CLK_TCK")
 
 
-def test_two_threads_running_kernels_at_once_get_their_own_results() -> None:
+@pytest.mark.parametrize("tokens", [3, 16, 40])
+def test_two_threads_running_kernels_at_once_get_their_own_results(tokens: int) -> None:
     """One thread's loop holds the pool; another thread's loop at the same moment runs on OpenMP instead of
-    waiting or mixing its items into the first one's."""
+    waiting or mixing its items into the first one's. 16 and 40 tokens take the amx build's tile paths
+    (int8 tiles from 16, widened bf16 tiles from 32), whose tile configuration each thread loads itself."""
     kernels = load_kernels()
-    cases = [int8_case(seed) for seed in (1, 2)]
+    cases = [int8_case(seed, tokens) for seed in (1, 2)]
     expected = [kernels.int8_linear(x, packed) for x, packed in cases]
     mismatches: list[int] = []
 
