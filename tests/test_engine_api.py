@@ -58,14 +58,17 @@ def test_impossible_limits_are_refused(tiny_llama_dir: Path) -> None:
         EngineConfig(model=str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="float32")
 
 
-def test_kv_cache_is_bf16_under_int8_where_the_kernels_run(tiny_llama_dir: Path) -> None:
-    """fp32 stays the exact reference (KV included); int8 on the CPU kernels keeps its KV in bf16, and an
-    explicit bf16 cache under fp32 activations is allowed everywhere."""
+def test_kv_cache_is_smaller_under_int8_where_the_kernels_run(tiny_llama_dir: Path) -> None:
+    """fp32 stays the exact reference (KV included); int8 on the CPU kernels keeps its KV in bf16, or as int8
+    rows on the amx build (its decode steps wait on the cache), and an explicit bf16 cache under fp32
+    activations is allowed everywhere."""
     config = partial(EngineConfig, model=str(tiny_llama_dir))
     assert config(dtype="float32").kv_cache_dtype == "float32"
     assert config(dtype="bfloat16").kv_cache_dtype == "bfloat16"
     on_kernels = load_kernels() is not None
-    assert config(quantization="int8").kv_cache_dtype == ("bfloat16" if on_kernels else "float32")
+    under_int8 = ("int8" if selected_isa() == "amx" else "bfloat16") if on_kernels else "float32"
+    assert config(quantization="int8").kv_cache_dtype == under_int8
+    assert config(quantization="int4", dtype="auto").kv_cache_dtype == under_int8
     assert config(kv_cache_dtype="bfloat16").kv_cache_dtype == "bfloat16"
     engine = make_engine(tiny_llama_dir, quantization="int8", kv_cache_dtype="bfloat16")
     assert engine.runner.kv_cache.dtype == torch.bfloat16
