@@ -168,6 +168,7 @@ def main() -> int:
     add_engine_arguments(parser)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="as EngineConfig's (default: auto)")
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed op by op")
     parser.add_argument(
         "--every", type=int, default=2, help="time every N-th step op by op, the others fused"
@@ -175,7 +176,11 @@ def main() -> int:
     args = parser.parse_args()
     model_path = model_path_or_default(args.model)
     config = EngineConfig(
-        model=model_path, num_threads=args.threads, dtype=args.dtype, quantization=args.quantization
+        model=model_path,
+        num_threads=args.threads,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     engine = LLMEngine(config)
     kernels = load_kernels()
@@ -213,8 +218,8 @@ def main() -> int:
     threads = torch.get_num_threads()
     print(f"CPU flags: {' '.join(cpu_flags())}; kernels: {selected_isa()} build; {threads} threads; "
           f"load average {os.getloadavg()}")  # fmt: skip
-    print(f"{config.model} ({config.quantization} weights): batch {args.batch}, prompts of "
-          f"{args.prompt_tokens} tokens; medians over {args.steps} steps")  # fmt: skip
+    print(f"{config.model} ({config.quantization} weights, {config.kv_cache_dtype} KV cache): batch "
+          f"{args.batch}, prompts of {args.prompt_tokens} tokens; medians of {args.steps} steps")  # fmt: skip
     report(anatomy, model, head_us, step_us, call_us)
     print(f"one long read with {threads} threads: {stream_gb_s():.1f} GB/s")
     return 0
