@@ -39,8 +39,9 @@ def auto_kv_cache_dtype(dtype: str, quantization: str, device: str) -> str:
     """The compute dtype, but a smaller cache under int8, int7 or int4 weights on the CPU kernels. bfloat16
     under fp32 activations: it halves what decode attention reads (a third of a 32-request step's bytes at 256
     tokens of context) for less error than the int8 weights already make. int8 rows on the amx build, whose
-    decode steps wait on the cache (a Xeon VM streaming ~19 GB/s): served int8 / bf16 cache on such a Xeon
-    1.04-1.07 at 32 at once and 64 mixed, 1.11-1.16 on a 1,792-token prompt's decode, at the same perplexity
+    decode steps wait on the cache (a 2-core Xeon VM: 64 requests at ~330 tokens, attention 34 of a 63 ms
+    step with bf16 rows, 24 of 54 with int8): served int8 / bf16 cache there 1.05-1.06 at 32 at once
+    interleaved, 1.03-1.07 on 64 mixed, 1.11-1.16 on a 1,792-token prompt's decode, at the same perplexity
     (1.0025 of fp32's either way); elsewhere its gain drowned in the serving path (benchmarks/README.md)."""
     if quantization in BLOCK_QUANTIZATIONS and device == "cpu":
         from tritonllm.model.cpu_kernels import load_kernels, selected_isa
