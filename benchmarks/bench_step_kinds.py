@@ -21,7 +21,7 @@ from pathlib import Path
 from bench_serving_paths import add_engine_arguments
 from peers.workloads import Scale, make_workloads
 
-from tritonllm.default_model import default_model_path
+from tritonllm.default_model import model_path_or_default
 from tritonllm.engine.config import EngineConfig
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
@@ -77,7 +77,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the rounds to this JSON file")
     add_engine_arguments(parser)
     args = parser.parse_args()
-    model = args.model or str(default_model_path())
+    model = model_path_or_default(args.model)
     config = EngineConfig(
         model=model,
         dtype=args.dtype,
