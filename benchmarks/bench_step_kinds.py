@@ -45,7 +45,7 @@ def kind_of(plan: SchedulerOutput) -> tuple[str, int, int]:
     return f"decode {(decodes + 15) // 16 * 16}", 0, decodes
 
 
-def run_round(engine: LLMEngine, plans: list[SchedulerOutput], requests: list, tag: str) -> dict:
+def run_round(engine: LLMEngine, last: dict[str, SchedulerOutput], requests: list, tag: str) -> dict:
     for i, spec in enumerate(requests):
         params = SamplingParams(max_tokens=spec.max_tokens, min_tokens=spec.max_tokens, top_k=1)
         engine.add_request(f"{tag}-{i}", list(spec.prompt_ids), params)
@@ -56,7 +56,7 @@ def run_round(engine: LLMEngine, plans: list[SchedulerOutput], requests: list, t
         outputs = engine.step()
         seconds = time.perf_counter() - step_started
         output_tokens += sum(len(o.new_token_ids) for o in outputs)
-        name, prefill, decodes = kind_of(plans[-1])
+        name, prefill, decodes = kind_of(last["plan"])
         kind = kinds[name]
         kind.steps, kind.seconds = kind.steps + 1, kind.seconds + seconds
         kind.prefill_tokens, kind.decode_tokens = kind.prefill_tokens + prefill, kind.decode_tokens + decodes
@@ -88,12 +88,12 @@ def main() -> int:
         enable_prefix_caching=False,
     )
     engine = LLMEngine(config)
-    plans: list[SchedulerOutput] = []
+    last: dict[str, SchedulerOutput] = {}  # the plan of the step that ran last (no list of every step's)
     schedule = engine.scheduler.schedule
 
     def recorded() -> SchedulerOutput:
-        plans.append(schedule())
-        return plans[-1]
+        last["plan"] = schedule()
+        return last["plan"]
 
     engine.scheduler.schedule = recorded  # type: ignore[method-assign]
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]  # as bench_peers reads it
@@ -102,7 +102,7 @@ def main() -> int:
           f"KV {config.kv_cache_dtype}; CPU flags {' '.join(cpu_flags())}", flush=True)  # fmt: skip
     rounds = []
     for r in range(args.rounds):
-        result = run_round(engine, plans, requests, f"r{r}")
+        result = run_round(engine, last, requests, f"r{r}")
         rounds.append(result)
         print(f"round {r}: {result['wall_s']:.2f} s, {result['tok_s']:.1f} output tok/s", flush=True)
         for name, k in result["kinds"].items():
